@@ -1,0 +1,76 @@
+// Byte-level BPE tokenizer (GPT-2 family: SmolLM2, Llama 3, Qwen2/3) built from GGUF metadata.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "format/gguf.h"
+
+namespace kvzap {
+
+enum class PreTokenizer { Smollm, Llama3, Qwen2, Gpt2 };
+
+struct TokenizerVocab {
+  std::vector<std::string> tokens;     // byte-level unicode form, as stored in tokenizer.ggml.tokens
+  std::vector<int32_t> token_types;    // 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte
+  std::vector<std::string> merges;     // "left right", index = rank
+  PreTokenizer pre = PreTokenizer::Smollm;
+  int32_t bos_id = -1, eos_id = -1, eot_id = -1, unk_id = -1, pad_id = -1;
+  bool add_bos = false;
+  std::string chat_template;           // raw Jinja text from the file (used to pick a built-in formatter)
+};
+
+class Tokenizer {
+ public:
+  explicit Tokenizer(TokenizerVocab vocab);
+  // Reads tokenizer.ggml.* from the file; throws kvzap::Error for a non-"gpt2" model or unknown pre.
+  static std::unique_ptr<Tokenizer> from_gguf(const gguf::File& f);
+
+  // Text must be valid UTF-8 (throws kvzap::Error "invalid UTF-8 at byte N" otherwise).
+  // parse_special: literal special/control token strings in the text become their ids.
+  std::vector<int32_t> encode(const std::string& text, bool add_bos, bool parse_special = true) const;
+  // Raw bytes of one token (control tokens render as their text unless skip_special).
+  std::string token_bytes(int32_t id, bool skip_special = false) const;
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
+
+  int32_t n_vocab() const { return (int32_t)vocab_.tokens.size(); }
+  const TokenizerVocab& vocab() const { return vocab_; }
+  bool is_eog(int32_t id) const;  // end of generation: eos, eot, <|im_end|>, <|endoftext|>, <|eot_id|>, <|eom_id|>
+  int32_t token_id(const std::string& text) const;  // exact vocab entry (byte-level form of text), -1 if none
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+  TokenizerVocab vocab_;
+};
+
+// Streaming detokenizer: holds back an incomplete UTF-8 sequence until it is complete.
+class Utf8Stream {
+ public:
+  std::string push(const std::string& bytes);  // returns the complete-code-point prefix
+  std::string flush();                         // whatever is left (invalid tails replaced by U+FFFD)
+ private:
+  std::string pending_;
+};
+
+bool is_valid_utf8(const std::string& s, size_t* bad_offset = nullptr);
+
+// Chat templates (built-in formatters; chosen from the file's template text or by name).
+struct ChatMessage {
+  std::string role;     // system | user | assistant
+  std::string content;
+};
+enum class ChatFormat { ChatML_SmolLM2, Qwen3, Llama31, ChatML };
+ChatFormat detect_chat_format(const TokenizerVocab& v);
+ChatFormat chat_format_from_name(const std::string& name);  // "smollm2" | "chatml" | "qwen3" | "llama3.1"
+struct ChatOptions {
+  bool add_generation_prompt = true;
+  bool enable_thinking = true;         // Qwen3
+  std::string date = "26 Jul 2024";    // Llama-3.1 "Today Date"
+};
+std::string apply_chat_template(ChatFormat fmt, const std::vector<ChatMessage>& msgs,
+                                const ChatOptions& opt = {});
+
+}  // namespace kvzap
