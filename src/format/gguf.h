@@ -27,12 +27,20 @@ inline int64_t row_bytes(GgmlType t, int64_t n) { return n / type_block_size(t) 
 
 namespace gguf {
 
+// GGUF metadata value type ids.
+enum ValueType : uint32_t {
+  kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7,
+  kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
+};
+const char* value_type_name(uint32_t type);  // "u32", "string", "array", ... ("?" when unknown)
+
 struct Value;
 using Array = std::vector<Value>;
 // Scalars are widened: all integer types -> int64_t (u64 values above INT64_MAX are rejected), floats -> double.
 struct Value {
   uint32_t type = 0;  // original GGUF value type id (0..12)
   std::variant<int64_t, double, bool, std::string, std::shared_ptr<Array>> v;
+  uint32_t array_type = 0;  // element type id when type == kArray (kept for empty arrays)
 };
 
 struct TensorInfo {

@@ -1,0 +1,169 @@
+#include "cache/kv_cache.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "common/fp16.h"
+#include "kernels/matmul.h"
+#include "kvzap/error.h"
+
+namespace kvzap {
+
+KvCache::KvCache(int n_layer, int n_head_kv, int head_dim)
+    : n_layer_(n_layer), n_head_kv_(n_head_kv), head_dim_(head_dim) {
+  kv_page_half_ = (size_t)kPageTokens * head_dim * sizeof(uint16_t);
+  page_bytes_ = (int64_t)(2 * kv_page_half_ + kPageTokens * sizeof(int32_t));
+  streams_.resize((size_t)n_layer * n_head_kv);
+}
+
+KvCache::~KvCache() {
+  clear();
+  release_pool();
+}
+
+uint8_t* KvCache::take_page() {
+  uint8_t* p;
+  if (!pool_.empty()) {
+    p = pool_.back();
+    pool_.pop_back();
+  } else {
+    p = (uint8_t*)std::aligned_alloc(64, (size_t)((page_bytes_ + 63) / 64 * 64));
+    if (!p) throw std::bad_alloc();
+  }
+  pages_live_++;
+  return p;
+}
+
+void KvCache::give_page(uint8_t* page) {
+  pool_.push_back(page);
+  pages_live_--;
+}
+
+void KvCache::release_pool() {
+  for (uint8_t* p : pool_) std::free(p);
+  pool_.clear();
+  pool_.shrink_to_fit();
+}
+
+void KvCache::append(int layer, int head, const float* k, const float* v, int32_t pos) {
+  Stream& s = stream(layer, head);
+  const int64_t slot = s.length % kPageTokens;
+  if (slot == 0) s.pages.push_back(take_page());
+  uint8_t* page = s.pages.back();
+  f32_to_f16_row(k, keys_of(page) + slot * head_dim_, head_dim_);
+  f32_to_f16_row(v, values_of(page) + slot * head_dim_, head_dim_);
+  positions_of(page)[slot] = pos;
+  s.length++;
+}
+
+void KvCache::append_layer(int layer, int64_t n, const float* k, const float* v, const int32_t* pos) {
+  const int64_t stride = (int64_t)n_head_kv_ * head_dim_;
+  for (int h = 0; h < n_head_kv_; h++)
+    for (int64_t t = 0; t < n; t++)
+      append(layer, h, k + t * stride + (int64_t)h * head_dim_, v + t * stride + (int64_t)h * head_dim_, pos[t]);
+}
+
+const uint16_t* KvCache::page_keys(int layer, int head, int p) const {
+  return keys_of(stream(layer, head).pages[p]);
+}
+const uint16_t* KvCache::page_values(int layer, int head, int p) const {
+  return values_of(stream(layer, head).pages[p]);
+}
+const int32_t* KvCache::page_positions(int layer, int head, int p) const {
+  return positions_of(stream(layer, head).pages[p]);
+}
+const uint16_t* KvCache::key_at(int layer, int head, int64_t i) const {
+  return page_keys(layer, head, (int)(i / kPageTokens)) + (i % kPageTokens) * head_dim_;
+}
+const uint16_t* KvCache::value_at(int layer, int head, int64_t i) const {
+  return page_values(layer, head, (int)(i / kPageTokens)) + (i % kPageTokens) * head_dim_;
+}
+int32_t KvCache::position_at(int layer, int head, int64_t i) const {
+  return page_positions(layer, head, (int)(i / kPageTokens))[i % kPageTokens];
+}
+
+int64_t KvCache::evict(int layer, int head, const std::vector<uint8_t>& drop) {
+  Stream& s = stream(layer, head);
+  if ((int64_t)drop.size() < s.length) throw Error("internal: eviction mask shorter than the stream");
+  int64_t w = 0;
+  const size_t row = (size_t)head_dim_ * sizeof(uint16_t);
+  for (int64_t r = 0; r < s.length; r++) {
+    if (drop[r]) continue;
+    if (w != r) {
+      uint8_t* src = s.pages[r / kPageTokens];
+      uint8_t* dst = s.pages[w / kPageTokens];
+      const int64_t rs = r % kPageTokens, ws = w % kPageTokens;
+      std::memcpy(keys_of(dst) + ws * head_dim_, keys_of(src) + rs * head_dim_, row);
+      std::memcpy(values_of(dst) + ws * head_dim_, values_of(src) + rs * head_dim_, row);
+      positions_of(dst)[ws] = positions_of(src)[rs];
+    }
+    w++;
+  }
+  const int64_t removed = s.length - w;
+  s.length = w;
+  const size_t pages_needed = (size_t)((w + kPageTokens - 1) / kPageTokens);
+  while (s.pages.size() > pages_needed) {
+    give_page(s.pages.back());
+    s.pages.pop_back();
+  }
+  return removed;
+}
+
+void KvCache::truncate(int32_t pos) {
+  std::vector<uint8_t> drop;
+  for (int l = 0; l < n_layer_; l++)
+    for (int h = 0; h < n_head_kv_; h++) {
+      Stream& s = stream(l, h);
+      // Entries are sorted by position: find the first one at or after pos.
+      int64_t keep = s.length;
+      while (keep > 0 && position_at(l, h, keep - 1) >= pos) keep--;
+      if (keep == s.length) continue;
+      drop.assign((size_t)s.length, 0);
+      for (int64_t i = keep; i < s.length; i++) drop[i] = 1;
+      evict(l, h, drop);
+    }
+  if (n_past_ > pos) n_past_ = pos;
+}
+
+void KvCache::clear() {
+  for (Stream& s : streams_) {
+    for (uint8_t* p : s.pages) give_page(p);
+    s.pages.clear();
+    s.length = 0;
+  }
+  n_past_ = 0;
+}
+
+int64_t KvCache::bytes_resident() const { return pages_live_ * page_bytes_; }
+int64_t KvCache::bytes_allocated() const { return (pages_live_ + (int64_t)pool_.size()) * page_bytes_; }
+
+int64_t KvCache::bytes_full() const {
+  // An unpruned cache holds every position in every stream: n_past entries, rounded up to pages.
+  const int64_t pages = (n_past_ + kPageTokens - 1) / kPageTokens;
+  return pages * page_bytes_ * (int64_t)streams_.size();
+}
+
+int64_t KvCache::entries_kept() const {
+  int64_t n = 0;
+  for (const Stream& s : streams_) n += s.length;
+  return n;
+}
+
+int64_t KvCache::entries_kept(int layer) const {
+  int64_t n = 0;
+  for (int h = 0; h < n_head_kv_; h++) n += stream(layer, h).length;
+  return n;
+}
+
+double KvCache::evicted_fraction() const {
+  if (n_past_ == 0) return 0.0;
+  double sum = 0;
+  for (int l = 0; l < n_layer_; l++) {
+    const double total = (double)n_head_kv_ * (double)n_past_;
+    sum += (total - (double)entries_kept(l)) / total;
+  }
+  return sum / n_layer_;
+}
+
+}  // namespace kvzap

@@ -1,0 +1,92 @@
+// KV cache with one variable-length stream per (layer, KV head).
+//
+// Each stream stores its kept entries in fixed-size pages taken from a shared pool: keys after RoPE and
+// values as f16, plus each entry's original position. Entries stay sorted by position. Evicting entries
+// compacts the stream in place and returns emptied pages to the pool, so evicted entries really stop
+// costing memory and attention time — nothing is masked. Keys are never re-rotated.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace kvzap {
+
+class KvCache {
+ public:
+  // Small pages keep the rounding waste per stream low (<= 15 entries), so resident bytes track kept entries.
+  static constexpr int kPageTokens = 16;
+
+  KvCache(int n_layer, int n_head_kv, int head_dim);
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  int n_layer() const { return n_layer_; }
+  int n_head_kv() const { return n_head_kv_; }
+  int head_dim() const { return head_dim_; }
+
+  // Appends one entry to stream (layer, head); k and v are [head_dim] f32, stored as f16.
+  void append(int layer, int head, const float* k, const float* v, int32_t pos);
+  // Appends n entries of every KV head of a layer: k, v are [n][n_head_kv][head_dim], positions [n].
+  void append_layer(int layer, int64_t n, const float* k, const float* v, const int32_t* pos);
+
+  int64_t length(int layer, int head) const { return stream(layer, head).length; }
+  // Page p of a stream: keys/values [kPageTokens][head_dim] f16, positions [kPageTokens];
+  // only the first min(kPageTokens, length - p*kPageTokens) entries are valid.
+  int n_pages(int layer, int head) const { return (int)stream(layer, head).pages.size(); }
+  const uint16_t* page_keys(int layer, int head, int p) const;
+  const uint16_t* page_values(int layer, int head, int p) const;
+  const int32_t* page_positions(int layer, int head, int p) const;
+  // Entry i of a stream (slow path for scorers and tests).
+  const uint16_t* key_at(int layer, int head, int64_t i) const;
+  const uint16_t* value_at(int layer, int head, int64_t i) const;
+  int32_t position_at(int layer, int head, int64_t i) const;
+
+  // Removes the entries whose slot index (0..length-1) has drop[slot] != 0; keeps order.
+  // Returns the number removed. Emptied pages go back to the pool.
+  int64_t evict(int layer, int head, const std::vector<uint8_t>& drop);
+  // Removes every entry with position >= pos in all streams (e.g. a question and its answer), and
+  // rewinds the sequence length to pos.
+  void truncate(int32_t pos);
+  void clear();
+
+  // Sequence length: positions seen so far (kept or evicted). Set by the engine after each step.
+  int64_t n_past() const { return n_past_; }
+  void set_n_past(int64_t n) { n_past_ = n; }
+
+  // Accounting. Resident bytes count the pages held by streams (what the allocator handed out to
+  // live entries' pages); full bytes are what an unpruned f16 cache would hold for n_past tokens.
+  int64_t bytes_resident() const;
+  int64_t bytes_allocated() const;   // resident + pooled pages not returned to the system
+  int64_t bytes_full() const;
+  int64_t entries_kept() const;
+  int64_t entries_kept(int layer) const;
+  // kvpress's definition: mean over layers of evicted / (n_head_kv * n_past).
+  double evicted_fraction() const;
+  int64_t page_bytes() const { return page_bytes_; }
+  // Returns pooled pages to the system (called after large evictions).
+  void release_pool();
+
+ private:
+  struct Stream {
+    std::vector<uint8_t*> pages;  // each: keys [P][D] f16 | values [P][D] f16 | positions [P] i32
+    int64_t length = 0;
+  };
+  const Stream& stream(int layer, int head) const { return streams_[(size_t)layer * n_head_kv_ + head]; }
+  Stream& stream(int layer, int head) { return streams_[(size_t)layer * n_head_kv_ + head]; }
+  uint8_t* take_page();
+  void give_page(uint8_t* page);
+  uint16_t* keys_of(uint8_t* page) const { return (uint16_t*)page; }
+  uint16_t* values_of(uint8_t* page) const { return (uint16_t*)(page + kv_page_half_); }
+  int32_t* positions_of(uint8_t* page) const { return (int32_t*)(page + 2 * kv_page_half_); }
+
+  int n_layer_, n_head_kv_, head_dim_;
+  size_t kv_page_half_;  // bytes of the keys (= values) part of a page
+  int64_t page_bytes_;
+  std::vector<Stream> streams_;  // [n_layer][n_head_kv]
+  std::vector<uint8_t*> pool_;
+  int64_t pages_live_ = 0;
+  int64_t n_past_ = 0;
+};
+
+}  // namespace kvzap

@@ -1,0 +1,52 @@
+#include "cli/cli_common.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "engine/model_store.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kvzap::cli {
+
+void ModelArgs::add_to(CLI::App& sub) {
+  sub.add_option("-m,--model", model, "GGUF model file (default: the pulled SmolLM2-135M-Instruct)");
+  sub.add_option("-t,--threads", threads, "worker threads (default: physical cores)")->check(CLI::Range(0, 1024));
+  sub.add_option("-c,--ctx", ctx, "context size in tokens (default: the model's, at most 8192)")->check(CLI::Range((int64_t)0, (int64_t)1 << 22));
+  sub.add_option("-b,--batch", batch, "tokens per forward step (default: a whole prompt)")->check(CLI::Range((int64_t)0, (int64_t)1 << 22));
+}
+
+std::unique_ptr<Model> ModelArgs::load_model() const { return Model::load(resolve_model(model)); }
+
+SessionOptions ModelArgs::session_options() const {
+  SessionOptions o;
+  o.n_threads = threads;
+  o.n_ctx = ctx;
+  o.n_batch = batch;
+  return o;
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  std::string s = ss.str();
+  size_t bad = 0;
+  if (!is_valid_utf8(s, &bad)) throw Error(path + ": invalid UTF-8 at byte " + std::to_string(bad));
+  return s;
+}
+
+std::string prompt_from(const std::string& text, const std::string& file) {
+  if (!text.empty() && !file.empty()) throw Error("give the prompt with -p or -f, not both");
+  if (text.empty() && file.empty()) throw Error("no prompt: give -p TEXT or -f FILE");
+  if (!file.empty()) return read_text_file(file);
+  size_t bad = 0;
+  if (!is_valid_utf8(text, &bad)) throw Error("prompt: invalid UTF-8 at byte " + std::to_string(bad));
+  return text;
+}
+
+std::string json_dump(const nlohmann::json& j, int indent) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace kvzap::cli

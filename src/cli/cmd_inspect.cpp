@@ -1,0 +1,130 @@
+// `kvzap inspect FILE [--json]`: prints a GGUF file's metadata (arrays abbreviated) and tensor table.
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli/command.h"
+#include "format/gguf.h"
+
+namespace kvzap::cli {
+namespace {
+
+using gguf::Value;
+
+std::string shape_string(const std::vector<int64_t>& ne) {
+  std::string s = "[";
+  for (size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+  return s + "]";
+}
+
+std::string type_string(const Value& v) {
+  if (v.type == gguf::kArray) return std::string("array[") + gguf::value_type_name(v.array_type) + "]";
+  return gguf::value_type_name(v.type);
+}
+
+// Keeps one metadata line readable: long strings (chat templates) are cut.
+std::string clip(const std::string& s, size_t max_chars) {
+  if (s.size() <= max_chars) return s;
+  return s.substr(0, max_chars) + "... (" + std::to_string(s.size()) + " chars)";
+}
+
+nlohmann::json value_json(const Value& v, size_t max_items) {
+  switch (v.type) {
+    case gguf::kString: return std::get<std::string>(v.v);
+    case gguf::kBool: return std::get<bool>(v.v);
+    case gguf::kF32: case gguf::kF64: return std::get<double>(v.v);
+    case gguf::kArray: {
+      const auto& arr = *std::get<std::shared_ptr<gguf::Array>>(v.v);
+      nlohmann::json items = nlohmann::json::array();
+      for (size_t i = 0; i < arr.size() && i < max_items; ++i) items.push_back(value_json(arr[i], max_items));
+      return items;
+    }
+    default: return std::get<int64_t>(v.v);
+  }
+}
+
+struct Totals {
+  size_t n_tensors = 0;
+  int64_t n_elements = 0;
+  size_t n_bytes = 0;
+};
+
+int run_inspect(const std::string& path, bool json, size_t max_items) {
+  const auto f = gguf::File::open(path);
+  Totals all;
+  std::map<std::string, Totals> by_type;
+  for (const auto& t : f->tensors()) {
+    for (Totals* tot : {&all, &by_type[type_name(t.type)]}) {
+      tot->n_tensors++;
+      tot->n_elements += t.n_elements();
+      tot->n_bytes += t.n_bytes;
+    }
+  }
+
+  if (json) {
+    nlohmann::json out;
+    out["path"] = f->path();
+    out["version"] = f->version();
+    out["alignment"] = f->alignment();
+    out["file_size"] = f->file_size();
+    nlohmann::json meta = nlohmann::json::array();
+    for (const auto& [key, v] : f->metadata()) {
+      nlohmann::json e = {{"key", key}, {"type", type_string(v)}, {"value", value_json(v, max_items)}};
+      if (v.type == gguf::kArray) e["length"] = std::get<std::shared_ptr<gguf::Array>>(v.v)->size();
+      meta.push_back(std::move(e));
+    }
+    out["metadata"] = std::move(meta);
+    nlohmann::json tensors = nlohmann::json::array();
+    for (const auto& t : f->tensors())
+      tensors.push_back({{"name", t.name}, {"type", type_name(t.type)}, {"ne", t.ne}, {"n_bytes", t.n_bytes},
+                         {"offset", t.offset}});
+    out["tensors"] = std::move(tensors);
+    nlohmann::json types = nlohmann::json::object();
+    for (const auto& [name, tot] : by_type)
+      types[name] = {{"n_tensors", tot.n_tensors}, {"n_elements", tot.n_elements}, {"n_bytes", tot.n_bytes}};
+    out["totals"] = {{"n_tensors", all.n_tensors}, {"n_elements", all.n_elements}, {"n_bytes", all.n_bytes},
+                     {"by_type", std::move(types)}};
+    // Metadata strings are not guaranteed to be valid UTF-8: replace bad bytes rather than fail.
+    std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return 0;
+  }
+
+  std::printf("%s: GGUF v%u, %zu bytes, alignment %zu\n", f->path().c_str(), f->version(), f->file_size(),
+              f->alignment());
+  std::printf("\nmetadata (%zu keys):\n", f->metadata().size());
+  size_t key_w = 0;
+  for (const auto& kv : f->metadata()) key_w = std::max(key_w, kv.first.size());
+  for (const auto& [key, v] : f->metadata()) {
+    std::string shown = clip(f->value_to_string(v, max_items), 160);
+    std::printf("  %-*s  %-13s %s\n", (int)key_w, key.c_str(), type_string(v).c_str(), shown.c_str());
+  }
+  std::printf("\ntensors (%zu):\n", f->tensors().size());
+  size_t name_w = 4;
+  for (const auto& t : f->tensors()) name_w = std::max(name_w, t.name.size());
+  std::printf("  %-*s  %-5s %-20s %12s %12s\n", (int)name_w, "name", "type", "ne", "bytes", "offset");
+  for (const auto& t : f->tensors())
+    std::printf("  %-*s  %-5s %-20s %12zu %12llu\n", (int)name_w, t.name.c_str(), type_name(t.type),
+                shape_string(t.ne).c_str(), t.n_bytes, (unsigned long long)t.offset);
+  std::printf("\ntotals:\n");
+  for (const auto& [name, tot] : by_type)
+    std::printf("  %-5s %5zu tensors %14lld elements %14zu bytes\n", name.c_str(), tot.n_tensors,
+                (long long)tot.n_elements, tot.n_bytes);
+  std::printf("  all   %5zu tensors %14lld elements %14zu bytes (%.2f MiB)\n", all.n_tensors,
+              (long long)all.n_elements, all.n_bytes, all.n_bytes / (1024.0 * 1024.0));
+  return 0;
+}
+
+RegisterCommand reg("inspect", "Show a GGUF file's metadata and tensor table", [](CLI::App& sub) {
+  auto path = std::make_shared<std::string>();
+  auto json = std::make_shared<bool>(false);
+  auto max_items = std::make_shared<size_t>(8);
+  sub.add_option("file", *path, "GGUF file to inspect")->required();
+  sub.add_flag("--json", *json, "Print machine-readable JSON instead of tables");
+  sub.add_option("--max-items", *max_items, "Array items shown per metadata key")->capture_default_str();
+  return [=]() -> int { return run_inspect(*path, *json, *max_items); };
+});
+
+}  // namespace
+}  // namespace kvzap::cli

@@ -1,0 +1,46 @@
+// `kvzap presses [--json]`: the registered scorers, what they do and which policies can wrap them
+// (every scorer works with a ratio; only per-step scorers with a threshold).
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_common.h"
+#include "cli/command.h"
+#include "press/press.h"
+
+namespace kvzap::cli {
+namespace {
+
+std::string policies(const ScorerEntry& e) { return e.supports_threshold ? "threshold, ratio" : "ratio"; }
+
+int run_presses(bool json) {
+  std::vector<const ScorerEntry*> entries;
+  for (const ScorerEntry& e : scorer_registry()) entries.push_back(&e);
+  std::sort(entries.begin(), entries.end(), [](const ScorerEntry* a, const ScorerEntry* b) { return a->name < b->name; });
+  if (json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const ScorerEntry* e : entries) {
+      nlohmann::json pol = nlohmann::json::array();
+      if (e->supports_threshold) pol.push_back("threshold");
+      pol.push_back("ratio");
+      out.push_back({{"name", e->name}, {"description", e->description}, {"policies", pol}});
+    }
+    std::printf("%s\n", json_dump(out, 2).c_str());
+    return 0;
+  }
+  size_t w = 4;
+  for (const ScorerEntry* e : entries) w = std::max(w, e->name.size());
+  std::printf("%-*s  %-16s  %s\n", (int)w, "NAME", "POLICIES", "DESCRIPTION");
+  for (const ScorerEntry* e : entries)
+    std::printf("%-*s  %-16s  %s\n", (int)w, e->name.c_str(), policies(*e).c_str(), e->description.c_str());
+  return 0;
+}
+
+RegisterCommand reg("presses", "List the KV-cache presses and the policies they support", [](CLI::App& sub) {
+  auto json = std::make_shared<bool>(false);
+  sub.add_flag("--json", *json, "Print machine-readable JSON");
+  return [=]() -> int { return run_presses(*json); };
+});
+
+}  // namespace
+}  // namespace kvzap::cli

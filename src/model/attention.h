@@ -1,0 +1,24 @@
+// Causal attention of a block of query rows over one KV head's kept entries (paged f16 storage).
+#pragma once
+#include <cstdint>
+
+#include "cache/kv_cache.h"
+
+namespace kvzap {
+
+struct AttentionBlock {
+  const float* q;          // [rows][head_dim], already multiplied by 1/sqrt(head_dim)
+  int64_t q_stride;        // floats between consecutive rows
+  int rows;
+  const int64_t* visible;  // [rows] number of leading stream entries row r may attend to
+  float* out;              // [rows][head_dim] (stride out_stride)
+  int64_t out_stride;
+};
+
+// Exact two-pass softmax per row. scores: scratch [rows][max visible]; page_f32: scratch [2][page][head_dim].
+void attend(const AttentionBlock& b, const KvCache& cache, int layer, int head, float* scores,
+            float* page_f32);
+// Scalar reference (double accumulation) for tests.
+void attend_reference(const AttentionBlock& b, const KvCache& cache, int layer, int head);
+
+}  // namespace kvzap

@@ -1,0 +1,74 @@
+#include "model/blocks.h"
+
+#include <cmath>
+
+namespace kvzap {
+
+void rmsnorm(const float* x, const float* gain, float* out, int64_t n, float eps) {
+  double ss = 0;
+  for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+  const float scale = 1.0f / std::sqrt((float)(ss / n) + eps);
+  for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * gain[i];
+}
+
+void rope_table(int64_t n_pos, int head_dim, float base, float freq_scale, float* cos_out, float* sin_out) {
+  const int half = head_dim / 2;
+  const float theta_scale = std::pow(base, -2.0f / (float)head_dim);
+  for (int64_t p = 0; p < n_pos; p++) {
+    float theta = (float)p * freq_scale;
+    for (int i = 0; i < half; i++) {
+      cos_out[p * half + i] = std::cos(theta);
+      sin_out[p * half + i] = std::sin(theta);
+      theta *= theta_scale;
+    }
+  }
+}
+
+void rope_apply(float* x, const float* c, const float* s, int head_dim, RopeMode mode) {
+  const int half = head_dim / 2;
+  if (mode == RopeMode::Adjacent) {
+    for (int i = 0; i < half; i++) {
+      const float x0 = x[2 * i], x1 = x[2 * i + 1];
+      x[2 * i] = x0 * c[i] - x1 * s[i];
+      x[2 * i + 1] = x0 * s[i] + x1 * c[i];
+    }
+  } else {
+    for (int i = 0; i < half; i++) {
+      const float x0 = x[i], x1 = x[i + half];
+      x[i] = x0 * c[i] - x1 * s[i];
+      x[i + half] = x0 * s[i] + x1 * c[i];
+    }
+  }
+}
+
+void swiglu(float* gate, const float* up, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void softmax(float* x, int64_t n) {
+  float mx = -INFINITY;
+  for (int64_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+  double sum = 0;
+  for (int64_t i = 0; i < n; i++) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  const float inv = (float)(1.0 / sum);
+  for (int64_t i = 0; i < n; i++) x[i] *= inv;
+}
+
+double log_softmax_at(const float* logits, int64_t n, int64_t id, int64_t* argmax) {
+  float mx = -INFINITY;
+  int64_t am = 0;
+  for (int64_t i = 0; i < n; i++)
+    if (logits[i] > mx) { mx = logits[i]; am = i; }
+  double sum = 0;
+  for (int64_t i = 0; i < n; i++) sum += std::exp((double)logits[i] - mx);
+  if (argmax) *argmax = am;
+  return (double)logits[id] - mx - std::log(sum);
+}
+
+}  // namespace kvzap

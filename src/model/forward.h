@@ -1,0 +1,84 @@
+// The transformer forward pass over a per-(layer, KV head) cache. One state object owns every scratch
+// buffer, sized once for (max_batch, max_ctx): nothing is allocated per token.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "cache/kv_cache.h"
+#include "kernels/matmul.h"
+#include "kernels/thread_pool.h"
+#include "model/model.h"
+
+namespace kvzap {
+
+// What a press sees after layer `layer` ran attention for a step of n_tok new tokens.
+struct LayerStep {
+  int layer = 0;
+  int64_t n_tok = 0;
+  const int32_t* pos = nullptr;  // [n_tok] positions of the new tokens
+  const float* h = nullptr;      // [n_tok][n_embd] post-norm attention input
+  const float* q = nullptr;      // [n_tok][n_head][head_dim] after RoPE (not scaled)
+  const float* k = nullptr;      // [n_tok][n_head_kv][head_dim] after RoPE (also stored in the cache)
+  const float* v = nullptr;      // [n_tok][n_head_kv][head_dim]
+};
+
+class LayerObserver {
+ public:
+  virtual ~LayerObserver() = default;
+  // Called after the step's attention, before the output projection: the place to evict.
+  virtual void after_attention(const LayerStep& step, KvCache& cache) = 0;
+};
+
+enum class LogitsMode { None, Last, All };
+
+class Forward {
+ public:
+  Forward(const Model& model, int64_t max_batch, int64_t max_ctx, ThreadPool& pool);
+
+  // Runs tokens at positions cache.n_past() .. +n through the model, appending their K/V to the cache
+  // and advancing cache.n_past(). Inputs longer than max_batch run as several steps.
+  // logits: LogitsMode::Last -> [n_vocab] for the final token; All -> [n][n_vocab].
+  void run(const int32_t* tokens, int64_t n, KvCache& cache, LogitsMode mode, float* logits,
+           LayerObserver* observer = nullptr);
+
+  int64_t max_batch() const { return max_batch_; }
+  int64_t max_ctx() const { return max_ctx_; }
+  const Model& model() const { return model_; }
+  ThreadPool& pool() { return pool_; }
+  MatmulScratch& matmul_scratch() { return mm_scratch_; }
+
+  // RoPE tables, shared with scorers that recompute queries: [max_ctx][head_dim/2].
+  const float* rope_cos(int32_t pos) const { return rope_cos_.data() + (size_t)pos * (cfg_.head_dim / 2); }
+  const float* rope_sin(int32_t pos) const { return rope_sin_.data() + (size_t)pos * (cfg_.head_dim / 2); }
+
+ private:
+  void step(const int32_t* tokens, int64_t n, KvCache& cache, LogitsMode mode, float* logits,
+            LayerObserver* observer);
+  void attention(int layer, int64_t n, KvCache& cache);
+
+  const Model& model_;
+  const ModelConfig& cfg_;
+  ThreadPool& pool_;
+  int64_t max_batch_, max_ctx_;
+  MatmulScratch mm_scratch_;
+  // Activations, [max_batch][...]:
+  std::vector<float> x_;      // [B][n_embd] residual stream
+  std::vector<float> xn_;     // [B][n_embd] normed input (= h for the attention block)
+  std::vector<float> q_;      // [B][n_head][D]
+  std::vector<float> k_;      // [B][n_head_kv][D]
+  std::vector<float> v_;      // [B][n_head_kv][D]
+  std::vector<float> attn_;   // [B][n_head][D]
+  std::vector<float> proj_;   // [B][n_embd]
+  std::vector<float> gate_;   // [B][n_ff]
+  std::vector<float> up_;     // [B][n_ff]
+  std::vector<int32_t> pos_;  // [B]
+  std::vector<float> rope_cos_, rope_sin_;
+  // Attention scratch per thread: scores [rows][max_ctx], K/V page in f32 [page][D].
+  int64_t att_rows_;
+  std::vector<std::vector<float>> att_scores_;
+  std::vector<std::vector<float>> att_kv_;
+  std::vector<std::vector<float>> att_q_, att_out_;  // [rows][D] gathered queries / outputs
+  std::vector<std::vector<int64_t>> att_visible_;     // [rows]
+};
+
+}  // namespace kvzap

@@ -1,0 +1,88 @@
+// Press framework: a Scorer says how much each KV pair matters; a policy (threshold + window, or a
+// fixed ratio) decides what the cache frees. One scorer = one file + one registry line (registry.cpp).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache/kv_cache.h"
+#include "model/forward.h"
+
+namespace kvzap {
+
+class Session;
+
+// Scores of every kept entry of the cache: [layer][head][slot], slot order = the stream's order.
+using CacheScores = std::vector<std::vector<std::vector<float>>>;
+
+// What a context scorer may use after the context was prefilled.
+struct ContextView {
+  Session& session;
+  const std::vector<int32_t>& context_ids;  // the tokens just prefilled (positions 0..n-1)
+  const std::string& question;              // only for query-aware scorers; empty otherwise
+};
+
+class Scorer {
+ public:
+  virtual ~Scorer() = default;
+  // Per-token scorers judge each new token from the step's tensors (KVzap, KNorm, random...): they
+  // work in prefill and decoding, under either policy.
+  virtual bool per_step() const = 0;
+  // out: [n_head_kv][step.n_tok], higher = more important. Called after the step's attention.
+  virtual void score_step(const LayerStep& step, const KvCache& cache, float* out) {
+    (void)step, (void)cache, (void)out;
+  }
+  // Context scorers (KVzip, SnapKV...) score every kept entry once the context is prefilled.
+  virtual void score_context(ContextView& ctx, CacheScores& out) { (void)ctx, (void)out; }
+  // Optional: see every step of the context prefill (e.g. to keep the last window's queries).
+  virtual void observe_step(const LayerStep& step, const KvCache& cache) { (void)step, (void)cache; }
+  virtual void reset() {}
+};
+
+struct PressOptions {
+  std::string name;
+  // Exactly one of threshold / ratio selects the policy.
+  bool has_threshold = false;
+  double threshold = 0;       // evict a pair when its score < threshold (strict)
+  bool has_ratio = false;
+  double ratio = 0;           // fraction of context entries to evict
+  std::string ratio_scope = "global";  // global | layer | head
+  int window = 128;           // threshold policy: the most recent `window` tokens are never judged
+  bool decoding = false;      // threshold policy: also prune question and generated tokens
+  std::string surrogate_dir;  // KVzap surrogates (empty = the shipped default for the model)
+  uint64_t seed = 42;         // random press
+};
+
+// A press watches the forward pass (LayerObserver) and frees cache entries.
+class Press : public LayerObserver {
+ public:
+  virtual ~Press() = default;
+  virtual std::string name() const = 0;
+  // Context protocol (kvpress pipeline): begin_context before prefilling a new context into an empty
+  // cache, end_context after it (ratio presses evict here).
+  virtual void begin_context(Session& session) = 0;
+  virtual void end_context(ContextView& ctx) = 0;
+  // After end_context: true if the press keeps judging question and generated tokens.
+  virtual bool prunes_decoding() const = 0;
+};
+
+std::unique_ptr<Press> make_press(const PressOptions& opt, const Model& model);
+
+// Registry of scorers: name -> factory. Policies wrap them (threshold.cpp, ratio.cpp).
+struct ScorerEntry {
+  std::string name;
+  std::string description;
+  bool supports_threshold;  // per-step scorers only
+  std::function<std::unique_ptr<Scorer>(const PressOptions&, const Model&)> make;
+};
+std::vector<ScorerEntry>& scorer_registry();
+struct RegisterScorer {
+  explicit RegisterScorer(ScorerEntry e) { scorer_registry().push_back(std::move(e)); }
+};
+
+std::unique_ptr<Press> make_threshold_press(std::unique_ptr<Scorer> scorer, const PressOptions& opt);
+std::unique_ptr<Press> make_ratio_press(std::unique_ptr<Scorer> scorer, const PressOptions& opt);
+
+}  // namespace kvzap

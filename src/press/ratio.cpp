@@ -1,0 +1,181 @@
+// Fixed-ratio policy (spec §1.4-1.5): once the context is prefilled, evict the lowest-scored
+// fraction of its entries — over the whole cache (kvpress default), per layer, or per (layer, head).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "engine/session.h"
+#include "kvzap/error.h"
+#include "press/policy.h"
+
+namespace kvzap {
+
+RatioScope parse_ratio_scope(const std::string& s) {
+  if (s == "global") return RatioScope::Global;
+  if (s == "layer") return RatioScope::Layer;
+  if (s == "head") return RatioScope::Head;
+  throw Error("unknown ratio scope '" + s + "' (expected global, layer or head)");
+}
+
+namespace {
+
+const char* scope_name(RatioScope s) {
+  switch (s) {
+    case RatioScope::Global: return "global";
+    case RatioScope::Layer: return "layer";
+    case RatioScope::Head: return "head";
+  }
+  return "?";
+}
+
+struct Candidate {
+  float score;
+  int32_t layer, head, slot;  // slot order = position order within a stream
+};
+
+bool lower(const Candidate& a, const Candidate& b) {
+  if (a.score != b.score) return a.score < b.score;
+  if (a.layer != b.layer) return a.layer < b.layer;
+  if (a.head != b.head) return a.head < b.head;
+  return a.slot < b.slot;
+}
+
+int64_t budget(double ratio, int64_t n) { return (int64_t)std::floor(ratio * (double)n); }
+
+// Marks the k lowest candidates in the per-stream masks.
+void mark_lowest(std::vector<Candidate>& cands, int64_t k, std::vector<std::vector<uint8_t>>& drop, int n_head) {
+  if (k <= 0) return;
+  k = std::min<int64_t>(k, (int64_t)cands.size());
+  std::nth_element(cands.begin(), cands.begin() + (k - 1), cands.end(), lower);
+  for (int64_t i = 0; i < k; i++) {
+    const Candidate& c = cands[(size_t)i];
+    drop[(size_t)c.layer * n_head + c.head][(size_t)c.slot] = 1;
+  }
+}
+
+void add_stream(std::vector<Candidate>& cands, const std::vector<float>& s, int l, int h) {
+  for (size_t i = 0; i < s.size(); i++) {
+    // NaN would break the ordering; a scorer that produced one gets its entry evicted first.
+    const float v = std::isnan(s[i]) ? -std::numeric_limits<float>::infinity() : s[i];
+    cands.push_back({v, (int32_t)l, (int32_t)h, (int32_t)i});
+  }
+}
+
+}  // namespace
+
+int64_t evict_lowest(KvCache& cache, const CacheScores& scores, double ratio, RatioScope scope) {
+  const int L = cache.n_layer(), H = cache.n_head_kv();
+  if (scores.size() != (size_t)L) throw Error("internal: scores for " + std::to_string(scores.size()) + " layers, cache has " + std::to_string(L));
+  for (int l = 0; l < L; l++) {
+    if (scores[(size_t)l].size() != (size_t)H) throw Error("internal: scores for a layer have the wrong head count");
+    for (int h = 0; h < H; h++)
+      if ((int64_t)scores[(size_t)l][(size_t)h].size() != cache.length(l, h))
+        throw Error("internal: " + std::to_string(scores[(size_t)l][(size_t)h].size()) + " scores for a stream of " +
+                    std::to_string(cache.length(l, h)) + " entries (layer " + std::to_string(l) + ", head " +
+                    std::to_string(h) + ")");
+  }
+  if (!(ratio > 0)) return 0;  // ratio 0: the cache is not touched at all
+
+  std::vector<std::vector<uint8_t>> drop((size_t)L * H);
+  for (int l = 0; l < L; l++)
+    for (int h = 0; h < H; h++) drop[(size_t)l * H + h].assign((size_t)cache.length(l, h), 0);
+
+  std::vector<Candidate> cands;
+  switch (scope) {
+    case RatioScope::Global:
+      cands.reserve((size_t)cache.entries_kept());
+      for (int l = 0; l < L; l++)
+        for (int h = 0; h < H; h++) add_stream(cands, scores[(size_t)l][(size_t)h], l, h);
+      mark_lowest(cands, budget(ratio, (int64_t)cands.size()), drop, H);
+      break;
+    case RatioScope::Layer:
+      for (int l = 0; l < L; l++) {
+        cands.clear();
+        for (int h = 0; h < H; h++) add_stream(cands, scores[(size_t)l][(size_t)h], l, h);
+        mark_lowest(cands, budget(ratio, (int64_t)cands.size()), drop, H);
+      }
+      break;
+    case RatioScope::Head:
+      for (int l = 0; l < L; l++)
+        for (int h = 0; h < H; h++) {
+          cands.clear();
+          add_stream(cands, scores[(size_t)l][(size_t)h], l, h);
+          mark_lowest(cands, budget(ratio, (int64_t)cands.size()), drop, H);
+        }
+      break;
+  }
+
+  int64_t removed = 0;
+  for (int l = 0; l < L; l++)
+    for (int h = 0; h < H; h++) {
+      const std::vector<uint8_t>& d = drop[(size_t)l * H + h];
+      if (std::find(d.begin(), d.end(), 1) != d.end()) removed += cache.evict(l, h, d);
+    }
+  return removed;
+}
+
+RatioPress::RatioPress(std::unique_ptr<Scorer> scorer, const PressOptions& opt)
+    : scorer_(std::move(scorer)), scorer_name_(opt.name), ratio_(opt.ratio), scope_(parse_ratio_scope(opt.ratio_scope)) {
+  if (!scorer_) throw Error("internal: the ratio policy needs a scorer");
+  if (!(ratio_ >= 0 && ratio_ < 1)) throw Error("the ratio must be in [0, 1), got " + std::to_string(ratio_));
+}
+
+std::string RatioPress::name() const {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%s (ratio %g, %s)", scorer_name_.c_str(), ratio_, scope_name(scope_));
+  return buf;
+}
+
+void RatioPress::start_context() {
+  recorded_.clear();
+  scorer_->reset();
+  in_context_ = true;
+}
+
+void RatioPress::after_attention(const LayerStep& step, KvCache& cache) {
+  if (!in_context_ || step.n_tok <= 0) return;
+  if (!scorer_->per_step()) {
+    scorer_->observe_step(step, cache);
+    return;
+  }
+  const int H = cache.n_head_kv();
+  if (recorded_.size() != (size_t)cache.n_layer()) {
+    recorded_.assign((size_t)cache.n_layer(), {});
+    for (auto& layer : recorded_) layer.resize((size_t)H);
+  }
+  auto& layer = recorded_[(size_t)step.layer];
+  if (cache.n_past() == step.n_tok)  // the step starts the sequence
+    for (auto& s : layer) s.clear();
+  const int64_t n = step.n_tok;
+  if (step_scores_.size() < (size_t)(H * n)) step_scores_.resize((size_t)(H * n));
+  scorer_->score_step(step, cache, step_scores_.data());  // [H][n]
+  for (int h = 0; h < H; h++) {
+    const float* s = step_scores_.data() + (size_t)h * n;
+    layer[(size_t)h].insert(layer[(size_t)h].end(), s, s + n);
+  }
+}
+
+void RatioPress::end_context(ContextView& ctx) { finish_context(ctx.session.cache(), &ctx); }
+
+int64_t RatioPress::finish_context(KvCache& cache, ContextView* ctx) {
+  in_context_ = false;
+  if (!scorer_->per_step()) {
+    if (!ctx) throw Error("internal: a context scorer needs the context view");
+    CacheScores scores;
+    scorer_->score_context(*ctx, scores);
+    return evict_lowest(cache, scores, ratio_, scope_);
+  }
+  if (cache.entries_kept() == 0) return 0;
+  // Scores exist only if the press watched the prefill (start_context, then the press as observer).
+  if (recorded_.empty()) throw Error("internal: the ratio press saw no step of the context");
+  CacheScores scores = std::move(recorded_);
+  recorded_.clear();
+  return evict_lowest(cache, scores, ratio_, scope_);
+}
+
+std::unique_ptr<Press> make_ratio_press(std::unique_ptr<Scorer> scorer, const PressOptions& opt) {
+  return std::make_unique<RatioPress>(std::move(scorer), opt);
+}
+
+}  // namespace kvzap

@@ -1,0 +1,63 @@
+// The scorer registry and make_press: checks the press options, builds the scorer and wraps it in
+// its policy. Scorers register themselves (one static RegisterScorer line in their own file).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "kvzap/error.h"
+#include "press/policy.h"
+
+namespace kvzap {
+
+std::vector<ScorerEntry>& scorer_registry() {
+  static std::vector<ScorerEntry> registry;
+  return registry;
+}
+
+namespace {
+
+std::string known_presses() {
+  std::vector<std::string> names;
+  for (const ScorerEntry& e : scorer_registry()) names.push_back(e.name);
+  std::sort(names.begin(), names.end());
+  std::string s;
+  for (const std::string& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+}  // namespace
+
+std::unique_ptr<Press> make_press(const PressOptions& opt, const Model& model) {
+  const auto& reg = scorer_registry();
+  const auto it = std::find_if(reg.begin(), reg.end(), [&](const ScorerEntry& e) { return e.name == opt.name; });
+  if (it == reg.end()) throw Error("unknown press '" + opt.name + "' (known presses: " + known_presses() + ")");
+  const ScorerEntry& entry = *it;
+
+  if (opt.has_threshold == opt.has_ratio)
+    throw Error("press '" + opt.name + "' needs exactly one of a threshold or a ratio");
+  if (opt.has_threshold) {
+    if (!entry.supports_threshold)
+      throw Error("press '" + opt.name + "' scores the whole context at once and cannot use a threshold; give it a ratio");
+    if (std::isnan(opt.threshold)) throw Error("the threshold must be a number");
+    if (opt.window < 0) throw Error("the window must be >= 0, got " + std::to_string(opt.window));
+  } else {
+    if (!(opt.ratio >= 0 && opt.ratio < 1)) throw Error("the ratio must be in [0, 1), got " + number(opt.ratio));
+    parse_ratio_scope(opt.ratio_scope);
+    // Decoding-time pruning is the threshold policy's; a ratio press only compresses the context.
+    if (opt.decoding) throw Error("pruning while decoding needs a threshold press, not a ratio");
+  }
+
+  std::unique_ptr<Scorer> scorer = entry.make(opt, model);
+  if (entry.supports_threshold && !scorer->per_step())
+    throw Error("internal: press '" + opt.name + "' supports a threshold but is not a per-step scorer");
+  if (opt.has_threshold) return make_threshold_press(std::move(scorer), opt);
+  return make_ratio_press(std::move(scorer), opt);
+}
+
+}  // namespace kvzap

@@ -1,0 +1,83 @@
+// "kvzap-linear" / "kvzap-mlp" (spec §3.1, §4): the layer's surrogate maps each new token's attention
+// input h (post input-RMSNorm) to one predicted log KVzip+ score per KV head. Per-step, so it works
+// in prefill and decoding; meant for the threshold policy (τ ≈ -4 Qwen3, -7 Llama-3.1 in the paper).
+#include <filesystem>
+
+#include "kvzap/error.h"
+#include "model/model.h"
+#include "press/press.h"
+#include "press/surrogate.h"
+
+namespace kvzap {
+namespace {
+
+namespace fs = std::filesystem;
+
+// general.name may hold spaces and slashes; the shipped folder uses a file-name-safe form of it.
+std::string folder_name(const std::string& model_name) {
+  std::string s;
+  for (char c : model_name) {
+    const bool safe = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                      c == '-' || c == '_';
+    s += safe ? c : '_';
+  }
+  return s;
+}
+
+// The surrogate folder: --surrogate DIR, else <source>/data/surrogates/<model name>/<kind> if shipped.
+std::string surrogate_dir(const PressOptions& opt, const Model& model, const std::string& kind) {
+  if (!opt.surrogate_dir.empty()) return opt.surrogate_dir;
+  const std::string& name = model.config().name;
+  const fs::path root = fs::path(KVZAP_SOURCE_DIR) / "data" / "surrogates";
+  for (const std::string& n : {name, folder_name(name)}) {
+    if (n.empty()) continue;
+    const fs::path dir = root / n / kind;
+    std::error_code ec;
+    if (fs::exists(dir / "config.json", ec)) return dir.string();
+  }
+  throw Error("press '" + opt.name + "' needs a " + kind + " surrogate for model '" + name +
+              "': pass --surrogate DIR (no default in " + (root / folder_name(name) / kind).string() + ")");
+}
+
+class KvzapScorer : public Scorer {
+ public:
+  explicit KvzapScorer(std::unique_ptr<Surrogate> s) : surrogate_(std::move(s)) {}
+  bool per_step() const override { return true; }
+  void score_step(const LayerStep& step, const KvCache& cache, float* out) override {
+    const int64_t n = step.n_tok;
+    const int H = surrogate_->output_dim();
+    if (pred_.size() < (size_t)(n * H)) pred_.resize((size_t)(n * H));
+    if (scratch_.size() < (size_t)surrogate_->scratch_floats(n)) scratch_.resize((size_t)surrogate_->scratch_floats(n));
+    surrogate_->predict(step.layer, step.h, n, pred_.data(), scratch_.data());  // [n][H]
+    for (int h = 0; h < H; h++)
+      for (int64_t t = 0; t < n; t++) out[(size_t)h * n + t] = pred_[(size_t)t * H + h];
+  }
+
+ private:
+  std::unique_ptr<Surrogate> surrogate_;
+  std::vector<float> pred_;     // [n_tok][H]
+  std::vector<float> scratch_;  // [n_tok][hidden]
+};
+
+std::unique_ptr<Scorer> make_kvzap(const PressOptions& opt, const Model& model, bool mlp) {
+  const std::string kind = mlp ? "mlp" : "linear";
+  const std::string dir = surrogate_dir(opt, model, kind);
+  std::unique_ptr<Surrogate> s = Surrogate::load(dir);
+  const ModelConfig& c = model.config();
+  if (s->is_mlp() != mlp)
+    throw Error("surrogate " + dir + " is " + (s->is_mlp() ? "an MLP" : "linear") + ", but press '" + opt.name +
+                "' wants a " + kind + " one");
+  if (s->n_layers() != c.n_layer || s->input_dim() != c.n_embd || s->output_dim() != c.n_head_kv)
+    throw Error("surrogate " + dir + " (" + std::to_string(s->n_layers()) + " layers, " + std::to_string(s->input_dim()) +
+                " -> " + std::to_string(s->output_dim()) + ") does not fit the model (" + std::to_string(c.n_layer) +
+                " layers, " + std::to_string(c.n_embd) + " -> " + std::to_string(c.n_head_kv) + " KV heads)");
+  return std::make_unique<KvzapScorer>(std::move(s));
+}
+
+RegisterScorer reg_linear({"kvzap-linear", "KVzap-Linear: a per-layer linear surrogate predicts log KVzip+ scores", true,
+                           [](const PressOptions& o, const Model& m) { return make_kvzap(o, m, false); }});
+RegisterScorer reg_mlp({"kvzap-mlp", "KVzap-MLP: a per-layer 2-layer MLP surrogate predicts log KVzip+ scores", true,
+                        [](const PressOptions& o, const Model& m) { return make_kvzap(o, m, true); }});
+
+}  // namespace
+}  // namespace kvzap

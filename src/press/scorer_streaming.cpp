@@ -1,0 +1,38 @@
+// "streaming_llm" (spec §6, kvpress StreamingLLMPress): keep the first 4 tokens (attention sinks) and
+// the most recent ones. As a context scorer: sinks score +inf, every other entry its position, so the
+// lowest scores are the oldest non-sink tokens. With scope "head" every stream keeps its 4 sinks and
+// its most recent tokens; "global" and "layer" give the same result up to rounding, since every
+// stream holds the same positions.
+#include <limits>
+
+#include "engine/session.h"
+#include "press/press.h"
+
+namespace kvzap {
+namespace {
+
+constexpr int32_t kSinkTokens = 4;
+
+class StreamingScorer : public Scorer {
+ public:
+  bool per_step() const override { return false; }
+  void score_context(ContextView& ctx, CacheScores& out) override {
+    const KvCache& cache = ctx.session.cache();
+    out.assign((size_t)cache.n_layer(), std::vector<std::vector<float>>((size_t)cache.n_head_kv()));
+    for (int l = 0; l < cache.n_layer(); l++)
+      for (int h = 0; h < cache.n_head_kv(); h++) {
+        std::vector<float>& s = out[(size_t)l][(size_t)h];
+        s.resize((size_t)cache.length(l, h));
+        for (int64_t i = 0; i < cache.length(l, h); i++) {
+          const int32_t p = cache.position_at(l, h, i);
+          s[(size_t)i] = p < kSinkTokens ? std::numeric_limits<float>::infinity() : (float)p;
+        }
+      }
+  }
+};
+
+RegisterScorer reg({"streaming_llm", "keeps the first 4 tokens (attention sinks) and the most recent ones", false,
+                    [](const PressOptions&, const Model&) { return std::make_unique<StreamingScorer>(); }});
+
+}  // namespace
+}  // namespace kvzap

@@ -1,0 +1,327 @@
+#include "press/surrogate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "format/safetensors.h"
+#include "kvzap/error.h"
+
+// Hot kernels are cloned for AVX2+FMA (x86-64-v3) and chosen at load time by the dynamic linker.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KVZ_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define KVZ_CLONES
+#endif
+#define KVZ_INLINE inline __attribute__((always_inline))
+
+namespace kvzap {
+namespace dense {
+namespace {
+
+// Register tile for C[MR][NR] += A[MR][K] · B[K][NR]; the k loop runs in order for every element,
+// so edge tiles and full tiles round identically.
+template <class T, int MR, int NR>
+KVZ_INLINE void tile_nn(int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc,
+                        bool accumulate) {
+  T c[MR][NR] = {};
+  for (int64_t k = 0; k < K; ++k) {
+    const T* b = B + k * ldb;
+    for (int i = 0; i < MR; ++i) {
+      const T a = A[i * lda + k];
+      for (int j = 0; j < NR; ++j) c[i][j] += a * b[j];
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) C[i * ldc + j] = accumulate ? C[i * ldc + j] + c[i][j] : c[i][j];
+}
+
+template <class T, int MR, int NR>
+KVZ_INLINE void tile_nn_edge(int mr, int nr, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
+                             T* C, int64_t ldc, bool accumulate) {
+  T c[MR][NR] = {};
+  for (int64_t k = 0; k < K; ++k) {
+    const T* b = B + k * ldb;
+    for (int i = 0; i < mr; ++i) {
+      const T a = A[i * lda + k];
+      for (int j = 0; j < nr; ++j) c[i][j] += a * b[j];
+    }
+  }
+  for (int i = 0; i < mr; ++i)
+    for (int j = 0; j < nr; ++j) C[i * ldc + j] = accumulate ? C[i * ldc + j] + c[i][j] : c[i][j];
+}
+
+template <class T>
+KVZ_INLINE void gemm_nn_impl(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
+                             int64_t ldb, T* C, int64_t ldc, bool accumulate) {
+  constexpr int MR = 4;
+  constexpr int NR = 64 / int(sizeof(T));  // 16 floats or 8 doubles: two AVX registers per row
+  for (int64_t i0 = 0; i0 < M; i0 += MR) {
+    const int mr = int(std::min<int64_t>(MR, M - i0));
+    const T* a = A + i0 * lda;
+    T* c = C + i0 * ldc;
+    for (int64_t j0 = 0; j0 < N; j0 += NR) {
+      const int nr = int(std::min<int64_t>(NR, N - j0));
+      if (mr == MR && nr == NR)
+        tile_nn<T, MR, NR>(K, a, lda, B + j0, ldb, c + j0, ldc, accumulate);
+      else if (mr == 1 && nr == NR)
+        tile_nn<T, 1, NR>(K, a, lda, B + j0, ldb, c + j0, ldc, accumulate);
+      else if (mr == MR && nr == NR / 2)
+        tile_nn<T, MR, NR / 2>(K, a, lda, B + j0, ldb, c + j0, ldc, accumulate);
+      else
+        tile_nn_edge<T, MR, NR>(mr, nr, K, a, lda, B + j0, ldb, c + j0, ldc, accumulate);
+    }
+  }
+}
+
+// dot(a, b) with a fixed number of interleaved partial sums (vectorisable without reassociation).
+template <class T>
+KVZ_INLINE T dot_impl(const T* a, const T* b, int64_t n) {
+  constexpr int P = 64 / int(sizeof(T));
+  T s[P] = {};
+  int64_t k = 0;
+  for (; k + P <= n; k += P)
+    for (int p = 0; p < P; ++p) s[p] += a[k + p] * b[k + p];
+  for (int p = 0; k < n; ++k, ++p) s[p] += a[k] * b[k];
+  for (int w = P / 2; w > 0; w /= 2)
+    for (int p = 0; p < w; ++p) s[p] += s[p + w];
+  return s[0];
+}
+
+template <class T>
+KVZ_INLINE void gemm_nt_impl(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* Bt,
+                             int64_t ldb, T* C, int64_t ldc, bool accumulate) {
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      const T d = dot_impl(A + i * lda, Bt + j * ldb, K);
+      C[i * ldc + j] = accumulate ? C[i * ldc + j] + d : d;
+    }
+}
+
+}  // namespace
+
+KVZ_CLONES void gemm_nn(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                        int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  gemm_nn_impl(M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+}
+KVZ_CLONES void gemm_nn(int64_t M, int64_t N, int64_t K, const double* A, int64_t lda, const double* B,
+                        int64_t ldb, double* C, int64_t ldc, bool accumulate) {
+  gemm_nn_impl(M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+}
+KVZ_CLONES void gemm_nt(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* Bt,
+                        int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  gemm_nt_impl(M, N, K, A, lda, Bt, ldb, C, ldc, accumulate);
+}
+KVZ_CLONES void gemm_nt(int64_t M, int64_t N, int64_t K, const double* A, int64_t lda, const double* Bt,
+                        int64_t ldb, double* C, int64_t ldc, bool accumulate) {
+  gemm_nt_impl(M, N, K, A, lda, Bt, ldb, C, ldc, accumulate);
+}
+
+float gelu(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
+double gelu(double x) { return 0.5 * x * (1.0 + std::erf(x * 0.70710678118654752)); }
+double gelu_grad(double x) {
+  const double cdf = 0.5 * (1.0 + std::erf(x * 0.70710678118654752));
+  const double pdf = 0.39894228040143268 * std::exp(-0.5 * x * x);
+  return cdf + x * pdf;
+}
+
+}  // namespace dense
+
+// ---------------------------------------------------------------- Surrogate
+
+Surrogate::Surrogate(int input_dim, int output_dim, int hidden_dim, std::vector<SurrogateLayerWeights> layers)
+    : input_dim_(input_dim), output_dim_(output_dim), hidden_dim_(hidden_dim), layers_(std::move(layers)) {
+  if (input_dim <= 0 || output_dim <= 0 || hidden_dim < 0)
+    throw Error("surrogate: invalid dimensions input_dim=" + std::to_string(input_dim) +
+                " output_dim=" + std::to_string(output_dim) + " hidden_dim=" + std::to_string(hidden_dim));
+  if (layers_.empty()) throw Error("surrogate: no layers");
+  const size_t D = size_t(input_dim), H = size_t(output_dim), Hd = size_t(hidden_dim);
+  auto check = [](const std::vector<float>& v, size_t n, size_t l, const char* what) {
+    if (v.size() != n)
+      throw Error("surrogate: layer " + std::to_string(l) + " " + what + " has " + std::to_string(v.size()) +
+                  " values, expected " + std::to_string(n));
+  };
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const SurrogateLayerWeights& w = layers_[l];
+    if (hidden_dim == 0) {
+      check(w.w1, H * D, l, "weight");
+      check(w.b1, H, l, "bias");
+      check(w.w2, 0, l, "second weight (linear model)");
+      check(w.b2, 0, l, "second bias (linear model)");
+    } else {
+      check(w.w1, Hd * D, l, "0.weight");
+      check(w.b1, Hd, l, "0.bias");
+      check(w.w2, H * Hd, l, "2.weight");
+      check(w.b2, H, l, "2.bias");
+    }
+  }
+  if (hidden_dim > 0) {
+    w1t_.resize(layers_.size());
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      std::vector<float>& t = w1t_[l];
+      t.resize(D * Hd);
+      for (size_t o = 0; o < Hd; ++o)
+        for (size_t i = 0; i < D; ++i) t[i * Hd + o] = layers_[l].w1[o * D + i];
+    }
+  }
+}
+
+int64_t Surrogate::n_params() const {
+  int64_t n = 0;
+  for (const auto& w : layers_) n += int64_t(w.w1.size() + w.b1.size() + w.w2.size() + w.b2.size());
+  return n;
+}
+
+void Surrogate::predict(int layer, const float* h, int64_t n_tok, float* out, float* scratch) const {
+  const SurrogateLayerWeights& w = layers_[size_t(layer)];
+  const int64_t D = input_dim_, H = output_dim_, Hd = hidden_dim_;
+  if (n_tok <= 0) return;
+  if (Hd == 0) {
+    for (int64_t t = 0; t < n_tok; ++t) std::copy(w.b1.begin(), w.b1.end(), out + t * H);
+    dense::gemm_nt(n_tok, H, D, h, D, w.w1.data(), D, out, H, true);
+    return;
+  }
+  for (int64_t t = 0; t < n_tok; ++t) std::copy(w.b1.begin(), w.b1.end(), scratch + t * Hd);
+  dense::gemm_nn(n_tok, Hd, D, h, D, w1t_[size_t(layer)].data(), Hd, scratch, Hd, true);
+  for (int64_t i = 0; i < n_tok * Hd; ++i) scratch[i] = dense::gelu(scratch[i]);
+  for (int64_t t = 0; t < n_tok; ++t) std::copy(w.b2.begin(), w.b2.end(), out + t * H);
+  dense::gemm_nt(n_tok, H, Hd, scratch, Hd, w.w2.data(), Hd, out, H, true);
+}
+
+// ---------------------------------------------------------------- kvpress folder I/O
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// A positive integer config field (required).
+int config_dim(const nlohmann::json& cfg, const char* key, const std::string& where) {
+  const auto it = cfg.find(key);
+  if (it == cfg.end()) throw Error(where + "config.json lacks \"" + key + "\"");
+  if (!it->is_number_integer() || it->get<int64_t>() <= 0 || it->get<int64_t>() > (1 << 24))
+    throw Error(where + "config.json \"" + key + "\" must be a positive integer, got " + it->dump());
+  return int(it->get<int64_t>());
+}
+
+}  // namespace
+
+std::unique_ptr<Surrogate> Surrogate::load(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string where = "surrogate " + dir + ": ";
+  if (!fs::is_directory(dir)) throw Error(where + "not a directory");
+  const fs::path cfg_path = fs::path(dir) / "config.json";
+  const fs::path st_path = fs::path(dir) / "model.safetensors";
+  if (!fs::exists(cfg_path)) throw Error(where + "missing config.json");
+  if (!fs::exists(st_path)) throw Error(where + "missing model.safetensors");
+
+  nlohmann::json cfg;
+  {
+    std::ifstream in(cfg_path);
+    if (!in) throw Error(where + "cannot read config.json");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    cfg = nlohmann::json::parse(ss.str(), nullptr, false);
+  }
+  if (cfg.is_discarded() || !cfg.is_object()) throw Error(where + "config.json is not a JSON object");
+  const auto mt = cfg.find("model_type");
+  if (mt == cfg.end() || !mt->is_string())
+    throw Error(where + "config.json lacks a \"model_type\" string (expected \"kvzap\")");
+  if (mt->get<std::string>() != "kvzap")
+    throw Error(where + "config.json model_type is \"" + mt->get<std::string>() + "\", expected \"kvzap\"");
+  const int D = config_dim(cfg, "input_dim", where);
+  const int H = config_dim(cfg, "output_dim", where);
+  const int L = config_dim(cfg, "n_modules", where);
+  int Hd = 0;
+  if (const auto hd = cfg.find("hidden_dim"); hd != cfg.end() && !hd->is_null()) Hd = config_dim(cfg, "hidden_dim", where);
+
+  const std::unique_ptr<SafetensorsFile> st = SafetensorsFile::open(st_path.string());
+  std::set<std::string> expected;
+  auto take = [&](const std::string& name, std::vector<int64_t> shape) {
+    expected.insert(name);
+    const SafetensorsFile::Tensor* t = st->find(name);
+    if (!t) throw Error(where + "model.safetensors lacks tensor '" + name + "' (config: n_modules=" + std::to_string(L) +
+                        (Hd ? ", MLP" : ", linear") + ")");
+    if (t->shape != shape)
+      throw Error(where + "tensor '" + name + "' has shape " + shape_str(t->shape) + ", expected " + shape_str(shape) +
+                  " from config.json");
+    if (t->dtype != "F32" && t->dtype != "BF16" && t->dtype != "F16")
+      throw Error(where + "tensor '" + name + "' has dtype " + t->dtype + " (expected F32, BF16 or F16)");
+    std::vector<float> v = st->to_f32(*t);
+    for (float x : v)
+      if (!std::isfinite(x)) throw Error(where + "tensor '" + name + "' holds a non-finite value");
+    return v;
+  };
+  std::vector<SurrogateLayerWeights> layers(static_cast<size_t>(L));
+  for (int l = 0; l < L; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    SurrogateLayerWeights& w = layers[size_t(l)];
+    if (Hd == 0) {
+      w.w1 = take(p + "weight", {H, D});
+      w.b1 = take(p + "bias", {H});
+    } else {
+      w.w1 = take(p + "0.weight", {Hd, D});
+      w.b1 = take(p + "0.bias", {Hd});
+      w.w2 = take(p + "2.weight", {H, Hd});
+      w.b2 = take(p + "2.bias", {H});
+    }
+  }
+  for (const auto& t : st->tensors()) {
+    if (expected.count(t.name)) continue;
+    int layer = -1;
+    if (std::sscanf(t.name.c_str(), "layers.%d.", &layer) == 1 && layer >= L)
+      throw Error(where + "config.json says n_modules=" + std::to_string(L) + " but model.safetensors has tensor '" +
+                  t.name + "'");
+    throw Error(where + "unexpected tensor '" + t.name + "' in model.safetensors (config.json describes a " +
+                (Hd ? "MLP with hidden_dim=" + std::to_string(Hd) : std::string("linear model")) + ")");
+  }
+  return std::make_unique<Surrogate>(D, H, Hd, std::move(layers));
+}
+
+void Surrogate::save(const std::string& dir) const {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (!fs::is_directory(dir)) throw Error("surrogate " + dir + ": cannot create directory");
+  nlohmann::ordered_json cfg;
+  cfg["architectures"] = {"KVzapModel"};
+  cfg["hidden_dim"] = is_mlp() ? nlohmann::ordered_json(hidden_dim_) : nlohmann::ordered_json(nullptr);
+  cfg["input_dim"] = input_dim_;
+  cfg["model_type"] = "kvzap";
+  cfg["n_modules"] = n_layers();
+  cfg["output_dim"] = output_dim_;
+  cfg["torch_dtype"] = "float32";
+  std::vector<TensorToWrite> tensors;
+  const int64_t D = input_dim_, H = output_dim_, Hd = hidden_dim_;
+  for (int l = 0; l < n_layers(); ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    const SurrogateLayerWeights& w = layers_[size_t(l)];
+    if (!is_mlp()) {
+      tensors.push_back({p + "weight", "F32", {H, D}, w.w1});
+      tensors.push_back({p + "bias", "F32", {H}, w.b1});
+    } else {
+      tensors.push_back({p + "0.weight", "F32", {Hd, D}, w.w1});
+      tensors.push_back({p + "0.bias", "F32", {Hd}, w.b1});
+      tensors.push_back({p + "2.weight", "F32", {H, Hd}, w.w2});
+      tensors.push_back({p + "2.bias", "F32", {H}, w.b2});
+    }
+  }
+  write_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  const std::string cfg_path = (fs::path(dir) / "config.json").string();
+  std::ofstream out(cfg_path, std::ios::trunc);
+  out << cfg.dump(2) << "\n";
+  out.close();
+  if (!out) throw Error("surrogate " + dir + ": cannot write config.json");
+}
+
+}  // namespace kvzap

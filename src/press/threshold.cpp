@@ -1,0 +1,127 @@
+// Threshold policy (spec §4.2, kvpress DMSPress), evicting for real: an entry is removed from its
+// (layer, head) stream once its token has left the window of the `window` most recent tokens and its
+// score is below the threshold. Eviction runs after the step's attention, so every token of a step
+// first attends to the whole step.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "kvzap/error.h"
+#include "press/policy.h"
+
+namespace kvzap {
+
+void ThresholdPress::Window::clear() {
+  pos.clear();
+  for (auto& s : score) s.clear();
+}
+
+void ThresholdPress::Window::drop_from(int32_t first_stale_pos) {
+  // Positions in the buffer increase, so the stale ones are a suffix.
+  size_t keep = pos.size();
+  while (keep > 0 && pos[keep - 1] >= first_stale_pos) keep--;
+  pos.resize(keep);
+  for (auto& s : score) s.resize(keep);
+}
+
+void ThresholdPress::Window::drop_front(size_t n) {
+  pos.erase(pos.begin(), pos.begin() + (ptrdiff_t)n);
+  for (auto& s : score) s.erase(s.begin(), s.begin() + (ptrdiff_t)n);
+}
+
+ThresholdPress::ThresholdPress(std::unique_ptr<Scorer> scorer, const PressOptions& opt)
+    : scorer_(std::move(scorer)),
+      scorer_name_(opt.name),
+      threshold_(opt.threshold),
+      window_(opt.window),
+      decoding_(opt.decoding) {
+  if (!scorer_ || !scorer_->per_step()) throw Error("internal: the threshold policy needs a per-step scorer");
+  if (window_ < 0) throw Error("the window must be >= 0, got " + std::to_string(window_));
+}
+
+std::string ThresholdPress::name() const {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%s (threshold %g, window %d%s)", scorer_name_.c_str(), threshold_, window_,
+                decoding_ ? ", decoding" : "");
+  return buf;
+}
+
+void ThresholdPress::start_context() {
+  for (Window& w : windows_) w.clear();
+  scorer_->reset();
+  in_context_ = true;
+}
+
+void ThresholdPress::after_attention(const LayerStep& step, KvCache& cache) {
+  if (step.n_tok <= 0) return;
+  const int H = cache.n_head_kv();
+  if (windows_.size() != (size_t)cache.n_layer()) {
+    windows_.assign((size_t)cache.n_layer(), Window{});
+    for (Window& w : windows_) w.score.resize((size_t)H);
+  }
+  Window& win = windows_[(size_t)step.layer];
+
+  // A step that starts the sequence (position 0) begins a new one: forget the old window.
+  const bool first_step = cache.n_past() == step.n_tok;
+  if (first_step) {
+    win.clear();
+  } else {
+    if (!in_context_ && !decoding_) return;
+    // After cache.truncate(p) (a question and its answer removed) positions >= p come again: the
+    // buffered scores of the removed tokens must not judge the new ones.
+    win.drop_from(step.pos[0]);
+  }
+
+  const int64_t n = step.n_tok;
+  if (step_scores_.size() < (size_t)(H * n)) step_scores_.resize((size_t)(H * n));
+  scorer_->score_step(step, cache, step_scores_.data());  // [H][n]
+  win.pos.insert(win.pos.end(), step.pos, step.pos + n);
+  for (int h = 0; h < H; h++) {
+    const float* s = step_scores_.data() + (size_t)h * n;
+    win.score[(size_t)h].insert(win.score[(size_t)h].end(), s, s + n);
+  }
+
+  if (win.pos.size() <= (size_t)window_) return;
+  const size_t n_leave = win.pos.size() - (size_t)window_;
+  evict_leaving(step.layer, n_leave, cache);
+  win.drop_front(n_leave);
+}
+
+// Evicts, per head, the first n_leave buffered tokens whose score < threshold: one evict() per head.
+void ThresholdPress::evict_leaving(int layer, size_t n_leave, KvCache& cache) {
+  const Window& win = windows_[(size_t)layer];
+  for (int h = 0; h < cache.n_head_kv(); h++) {
+    const std::vector<float>& score = win.score[(size_t)h];
+    size_t i = 0;
+    while (i < n_leave && !(score[i] < threshold_)) i++;
+    if (i == n_leave) continue;
+
+    // The stream is sorted by position; binary-search the first victim's slot, then walk forward
+    // (the leaving tokens are increasing positions, and the stream holds few others among them).
+    const int64_t len = cache.length(layer, h);
+    int64_t lo = 0, hi = len;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (cache.position_at(layer, h, mid) < win.pos[i]) lo = mid + 1; else hi = mid;
+    }
+    drop_.assign((size_t)len, 0);
+    bool any = false;
+    int64_t slot = lo;
+    for (; i < n_leave && slot < len; i++) {
+      if (!(score[i] < threshold_)) continue;
+      const int32_t p = win.pos[i];
+      while (slot < len && cache.position_at(layer, h, slot) < p) slot++;
+      if (slot < len && cache.position_at(layer, h, slot) == p) {
+        drop_[(size_t)slot] = 1;
+        any = true;
+      }
+    }
+    if (any) n_evicted_ += cache.evict(layer, h, drop_);
+  }
+}
+
+std::unique_ptr<Press> make_threshold_press(std::unique_ptr<Scorer> scorer, const PressOptions& opt) {
+  return std::make_unique<ThresholdPress>(std::move(scorer), opt);
+}
+
+}  // namespace kvzap

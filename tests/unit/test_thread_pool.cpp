@@ -1,0 +1,90 @@
+// ThreadPool: every index exactly once, valid thread ids, contiguous ranges, wake-up after sleeping,
+// exceptions propagate and leave the pool usable.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "kernels/thread_pool.h"
+
+using kvzap::ThreadPool;
+
+TEST(ThreadPool, EveryIndexRunsExactlyOnce) {
+  for (int nth : {1, 2, 3, 4}) {
+    ThreadPool pool(nth);
+    EXPECT_EQ(pool.size(), nth);
+    for (int64_t n : {0, 1, 2, 3, 7, 64, 1000}) {
+      std::vector<std::atomic<int>> hits((size_t)n);
+      std::atomic<int> bad_tid{0};
+      pool.parallel_for(n, [&](int64_t i, int tid) {
+        hits[(size_t)i].fetch_add(1);
+        if (tid < 0 || tid >= nth) bad_tid.fetch_add(1);
+      });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[(size_t)i].load(), 1) << "nth=" << nth << " n=" << n << " i=" << i;
+      EXPECT_EQ(bad_tid.load(), 0);
+    }
+  }
+}
+
+TEST(ThreadPool, ManySmallJobsInARow) {
+  ThreadPool pool(3);
+  std::atomic<int64_t> total{0};
+  for (int job = 0; job < 5000; ++job) pool.parallel_for(4, [&](int64_t i, int) { total.fetch_add(i + 1); });
+  EXPECT_EQ(total.load(), 5000 * 10);
+}
+
+TEST(ThreadPool, WorkersWakeAfterSleeping) {
+  ThreadPool pool(2);
+  std::atomic<int> seen_worker{0};
+  for (int round = 0; round < 3; ++round) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // longer than the spin budget
+    std::atomic<int> count{0};
+    pool.parallel_for(64, [&](int64_t, int tid) {
+      if (tid == 1) seen_worker.store(1);
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      count.fetch_add(1);
+    });
+    EXPECT_EQ(count.load(), 64);
+  }
+  // 64 indices of 200 us each: the worker must have taken some of them at least once.
+  EXPECT_EQ(seen_worker.load(), 1);
+}
+
+TEST(ThreadPool, RangesAreContiguousAndCoverEverything) {
+  for (int nth : {1, 2, 3}) {
+    ThreadPool pool(nth);
+    for (int64_t n : {1, 2, 5, 100}) {
+      std::vector<std::atomic<int>> hits((size_t)n);
+      std::atomic<int> ranges{0};
+      pool.parallel_ranges(n, [&](int64_t b, int64_t e, int) {
+        EXPECT_LT(b, e);
+        ranges.fetch_add(1);
+        for (int64_t i = b; i < e; ++i) hits[(size_t)i].fetch_add(1);
+      });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[(size_t)i].load(), 1);
+      EXPECT_EQ(ranges.load(), std::min<int64_t>(n, nth));
+    }
+  }
+}
+
+TEST(ThreadPool, ExceptionPropagatesAndPoolStaysUsable) {
+  ThreadPool pool(2);
+  EXPECT_THROW(pool.parallel_for(100, [&](int64_t i, int) {
+    if (i == 37) throw std::runtime_error("boom");
+  }), std::runtime_error);
+  std::atomic<int> count{0};
+  pool.parallel_for(10, [&](int64_t, int) { count.fetch_add(1); });
+  EXPECT_EQ(count.load(), 10);
+}
+
+TEST(ThreadPool, DefaultThreadsIsPositiveAndBounded) {
+  const int n = ThreadPool::default_threads();
+  EXPECT_GE(n, 1);
+  const unsigned hc = std::thread::hardware_concurrency();
+  if (hc > 0) {
+    EXPECT_LE(n, (int)hc);
+  }
+}
