@@ -67,14 +67,38 @@ void BM_Matmul_Q4_1_576x1536(benchmark::State& s) { run_matmul(s, GgmlType::Q4_1
 void BM_Matmul_Q4_1_1536x576(benchmark::State& s) { run_matmul(s, GgmlType::Q4_1, 1536, 576); }
 void BM_Matmul_Q4_1_576x576(benchmark::State& s) { run_matmul(s, GgmlType::Q4_1, 576, 576); }
 void BM_Matmul_Q8_0_576x49152(benchmark::State& s) { run_matmul(s, GgmlType::Q8_0, 576, 49152); }
+void BM_Matmul_Q8_0_576x1536(benchmark::State& s) { run_matmul(s, GgmlType::Q8_0, 576, 1536); }
+void BM_Matmul_Q4_0_576x1536(benchmark::State& s) { run_matmul(s, GgmlType::Q4_0, 576, 1536); }
 BENCHMARK(BM_Matmul_Q4_1_576x1536)->Apply(shapes);
 BENCHMARK(BM_Matmul_Q4_1_1536x576)->Apply(shapes);
 BENCHMARK(BM_Matmul_Q4_1_576x576)->Apply(shapes);
+BENCHMARK(BM_Matmul_Q8_0_576x1536)->Apply(shapes);
+BENCHMARK(BM_Matmul_Q4_0_576x1536)->Apply(shapes);
 BENCHMARK(BM_Matmul_Q8_0_576x49152)->Apply([](benchmark::internal::Benchmark* b) {
   for (int threads : {1, 2})
     for (int n_tok : {1, 64}) b->Args({n_tok, threads});
   b->ArgNames({"tok", "thr"})->UseRealTime()->Unit(benchmark::kMicrosecond);
 });
+
+// Decode streams weights from DRAM (the model is larger than L3): rotate over 64 copies (~35 MB).
+void BM_Gemv_Q4_1_576x1536_Streaming(benchmark::State& state) {
+  const int threads = (int)state.range(0);
+  constexpr int kCopies = 64;
+  Fixture f = make_fixture(GgmlType::Q4_1, 576, 1536, 1);
+  std::vector<std::vector<uint8_t>> copies(kCopies, f.weights);
+  kvzap::ThreadPool pool(threads);
+  size_t i = 0;
+  for (auto _ : state) {
+    kvzap::WeightMatrix w = f.w;
+    w.data = copies[i++ % kCopies].data();
+    kvzap::matmul(w, f.x.data(), 1, f.y.data(), pool, f.scratch);
+    benchmark::DoNotOptimize(f.y.data());
+  }
+  state.counters["WGB/s"] = benchmark::Counter((double)f.weights.size() * 1e-9,
+                                               benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(kvzap::isa_name(kvzap::active_isa()));
+}
+BENCHMARK(BM_Gemv_Q4_1_576x1536_Streaming)->Arg(1)->Arg(2)->ArgName("thr")->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 // Cost of one parallel_for with trivial work: the per-op overhead decode pays ~300 times per token.
 void BM_ThreadPoolJob(benchmark::State& state) {

@@ -25,6 +25,38 @@ SessionOptions ModelArgs::session_options() const {
   return o;
 }
 
+void PressArgs::add_to(CLI::App& sub) {
+  sub.add_option("--press", name, "KV-cache press (see `kvzap presses`)");
+  threshold_opt = sub.add_option("--threshold", threshold, "evict pairs scoring below T (per-token presses)");
+  ratio_opt = sub.add_option("--ratio", ratio, "evict this fraction of the context's KV pairs")->check(CLI::Range(0.0, 1.0));
+  sub.add_option("--ratio-scope", scope, "ratio budget: global (across layers and heads), layer, or head")
+      ->check(CLI::IsMember({"global", "layer", "head"}));
+  sub.add_option("--window", window, "threshold presses never judge the most recent W tokens")->check(CLI::Range(0, 1 << 20));
+  sub.add_flag("--decode-press", decoding, "keep pruning question and generated tokens (threshold presses)");
+  sub.add_option("--surrogate", surrogate, "KVzap surrogate folder (kvpress format)");
+  sub.add_option("--press-seed", seed, "seed of the random press");
+}
+
+std::unique_ptr<Press> PressArgs::make(const Model& model) const {
+  const bool has_t = threshold_opt && threshold_opt->count() > 0, has_r = ratio_opt && ratio_opt->count() > 0;
+  if (name.empty()) {
+    if (has_t || has_r || decoding || !surrogate.empty()) throw Error("--threshold/--ratio/--decode-press/--surrogate need --press NAME");
+    return nullptr;
+  }
+  PressOptions o;
+  o.name = name;
+  o.has_threshold = has_t;
+  o.threshold = threshold;
+  o.has_ratio = has_r;
+  o.ratio = ratio;
+  o.ratio_scope = scope;
+  o.window = window;
+  o.decoding = decoding;
+  o.surrogate_dir = surrogate;
+  o.seed = seed;
+  return make_press(o, model);
+}
+
 std::string read_text_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot open file");

@@ -8,6 +8,7 @@
 #include "cli/command.h"
 #include "engine/session.h"
 #include "model/model.h"
+#include "press/press.h"
 
 namespace kvzap::cli {
 
@@ -20,6 +21,22 @@ struct ModelArgs {
   void add_to(CLI::App& sub);
   std::unique_ptr<Model> load_model() const;
   SessionOptions session_options() const;
+};
+
+// Press selection shared by generate, eval and friends.
+struct PressArgs {
+  std::string name;              // --press; empty = no press
+  double threshold = 0, ratio = 0;
+  std::string scope = "global";
+  int window = 128;
+  bool decoding = false;
+  std::string surrogate;
+  uint64_t seed = 42;
+  CLI::Option* threshold_opt = nullptr;
+  CLI::Option* ratio_opt = nullptr;
+
+  void add_to(CLI::App& sub);
+  std::unique_ptr<Press> make(const Model& model) const;  // nullptr without --press
 };
 
 // Reads a whole file as text (throws kvzap::Error "<path>: ..."); checks UTF-8.

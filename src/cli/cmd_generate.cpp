@@ -1,15 +1,19 @@
-// kvzap generate: one prompt in, one answer out, streamed, with timings.
+// kvzap generate: a prompt (or a context plus questions) in, answers out, streamed, with timings and,
+// under a press, the cache's real size.
 #include <cstdio>
 #include <memory>
 
 #include "cli/cli_common.h"
+#include "engine/pipeline.h"
 
 namespace kvzap::cli {
 namespace {
 
 struct GenerateArgs {
   ModelArgs m;
-  std::string prompt, file, system;
+  PressArgs press;
+  std::string prompt, file, system, context_file;
+  std::vector<std::string> questions;
   bool chat = false, json = false, no_stream = false;
   int n = 256;
   float temp = 0.8f, top_p = 0.95f, min_p = 0.05f;
@@ -18,73 +22,111 @@ struct GenerateArgs {
   std::vector<std::string> stop;
 };
 
+nlohmann::json answer_json(const GenerateResult& r) {
+  const double pp = r.prefill_seconds > 0 ? r.n_prompt / r.prefill_seconds : 0;
+  const double tg = r.decode_seconds > 0 && !r.tokens.empty() ? r.tokens.size() / r.decode_seconds : 0;
+  return {{"text", r.text}, {"tokens", r.tokens}, {"n_prompt_tokens", r.n_prompt}, {"n_generated", r.tokens.size()},
+          {"stop_reason", r.stop_reason}, {"prefill_seconds", r.prefill_seconds}, {"decode_seconds", r.decode_seconds},
+          {"prefill_tok_s", pp}, {"decode_tok_s", tg}};
+}
+
 int run_generate(const GenerateArgs& a) {
-  const std::string prompt = prompt_from(a.prompt, a.file);
   auto model = a.m.load_model();
   const Tokenizer& tok = model->tokenizer();
-  std::vector<int32_t> ids;
-  if (a.chat) {
-    std::vector<ChatMessage> msgs;
-    if (!a.system.empty()) msgs.push_back({"system", a.system});
-    msgs.push_back({"user", prompt});
-    ids = tok.encode(apply_chat_template(detect_chat_format(tok.vocab()), msgs), /*add_bos=*/false, /*parse_special=*/true);
-  } else {
-    ids = tok.encode(prompt, tok.vocab().add_bos, /*parse_special=*/true);
-  }
+  std::unique_ptr<Press> press = a.press.make(*model);
   Session session(*model, a.m.session_options());
-  if ((int64_t)ids.size() >= session.n_ctx())
-    throw Error("prompt is " + std::to_string(ids.size()) + " tokens, longer than the context of " +
-                std::to_string(session.n_ctx()) + " tokens (raise -c or shorten the prompt)");
   GenerateOptions g;
   g.max_new_tokens = a.n;
-  g.sampling.temperature = a.temp;
-  g.sampling.top_k = a.top_k;
-  g.sampling.top_p = a.top_p;
-  g.sampling.min_p = a.min_p;
-  g.sampling.seed = a.seed;
+  g.sampling = {a.temp, a.top_k, a.top_p, a.min_p, a.seed};
   g.stop = a.stop;
   const bool stream = !a.json && !a.no_stream;
-  GenerateResult r = session.generate(ids, g, [&](const std::string& piece) {
+
+  ContextPrompt cp;
+  bool qa_mode = !a.context_file.empty();
+  if (qa_mode) {
+    if (!a.prompt.empty() || !a.file.empty()) throw Error("--context-file replaces -p/-f: ask with --question");
+    if (a.questions.empty()) throw Error("--context-file needs at least one --question");
+    cp = build_context_prompt(tok, read_text_file(a.context_file), a.questions, a.chat);
+  } else {
+    if (!a.questions.empty()) throw Error("--question needs --context-file");
+    const std::string prompt = prompt_from(a.prompt, a.file);
+    if (a.chat) {
+      std::vector<ChatMessage> msgs;
+      if (!a.system.empty()) msgs.push_back({"system", a.system});
+      msgs.push_back({"user", prompt});
+      cp.context_ids = tok.encode(apply_chat_template(detect_chat_format(tok.vocab()), msgs), false, true);
+    } else {
+      cp.context_ids = tok.encode(prompt, tok.vocab().add_bos, true);
+    }
+    cp.question_ids.push_back({});  // generate straight after the prompt
+  }
+  int64_t longest_q = 0;
+  for (const auto& q : cp.question_ids) longest_q = std::max<int64_t>(longest_q, (int64_t)q.size());
+  if ((int64_t)cp.context_ids.size() + longest_q >= session.n_ctx())
+    throw Error("prompt is " + std::to_string(cp.context_ids.size() + longest_q) + " tokens, longer than the context of " +
+                std::to_string(session.n_ctx()) + " tokens (raise -c or shorten the prompt)");
+  if (cp.context_ids.empty()) throw Error("the prompt is empty");
+
+  QaResult r = answer_questions(session, press.get(), cp, g, [&](size_t qi, const std::string& piece) {
     if (stream) {
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
     }
     return true;
   });
-  const double prefill_tps = r.prefill_seconds > 0 ? r.n_prompt / r.prefill_seconds : 0;
-  const double decode_tps = r.decode_seconds > 0 && !r.tokens.empty() ? r.tokens.size() / r.decode_seconds : 0;
   if (a.json) {
     nlohmann::json j;
-    j["text"] = r.text;
-    j["tokens"] = r.tokens;
-    j["prompt_tokens"] = ids;
-    j["n_prompt_tokens"] = r.n_prompt;
-    j["n_generated"] = r.tokens.size();
-    j["stop_reason"] = r.stop_reason;
-    j["prefill_seconds"] = r.prefill_seconds;
-    j["decode_seconds"] = r.decode_seconds;
-    j["prefill_tok_s"] = prefill_tps;
-    j["decode_tok_s"] = decode_tps;
+    if (!qa_mode) {
+      j = answer_json(r.answers[0]);
+      j["n_prompt_tokens"] = r.n_context;
+      j["prompt_tokens"] = cp.context_ids;
+      j["prefill_seconds"] = r.context_seconds;
+      j["prefill_tok_s"] = r.context_seconds > 0 ? r.n_context / r.context_seconds : 0;
+    } else {
+      j["answers"] = nlohmann::json::array();
+      for (size_t i = 0; i < r.answers.size(); i++) {
+        nlohmann::json aj = answer_json(r.answers[i]);
+        aj["question"] = a.questions[i];
+        j["answers"].push_back(aj);
+      }
+      j["n_context_tokens"] = r.n_context;
+      j["context_seconds"] = r.context_seconds;
+    }
+    j["press"] = press ? press->name() : "none";
     j["threads"] = session.n_threads();
-    j["kv_bytes"] = session.cache().bytes_resident();
-    j["kv_bytes_full"] = session.cache().bytes_full();
-    j["evicted_fraction"] = session.cache().evicted_fraction();
+    j["evicted_fraction"] = r.evicted_fraction;
+    j["kv_bytes"] = r.kv_bytes;
+    j["kv_bytes_full"] = r.kv_bytes_full;
+    j["evicted_fraction_end"] = r.evicted_fraction_end;
+    j["kv_bytes_end"] = r.kv_bytes_end;
+    j["kv_bytes_full_end"] = r.kv_bytes_full_end;
     std::printf("%s\n", json_dump(j).c_str());
-  } else {
-    if (!stream) std::fwrite(r.text.data(), 1, r.text.size(), stdout);
-    std::printf("\n");
-    std::fprintf(stderr, "[prompt %lld tokens, %.1f tok/s | generated %zu tokens, %.1f tok/s | stop: %s | %d threads]\n",
-                 (long long)r.n_prompt, prefill_tps, r.tokens.size(), decode_tps, r.stop_reason.c_str(),
-                 session.n_threads());
+    return 0;
   }
+  for (size_t i = 0; i < r.answers.size(); i++) {
+    const GenerateResult& ans = r.answers[i];
+    if (!stream) std::fwrite(ans.text.data(), 1, ans.text.size(), stdout);
+    std::printf("\n");
+    const double tg = ans.decode_seconds > 0 && !ans.tokens.empty() ? ans.tokens.size() / ans.decode_seconds : 0;
+    std::fprintf(stderr, "[%sgenerated %zu tokens, %.1f tok/s, stop: %s]\n",
+                 qa_mode ? ("question " + std::to_string(i + 1) + ": ").c_str() : "", ans.tokens.size(), tg,
+                 ans.stop_reason.c_str());
+  }
+  std::fprintf(stderr, "[prompt %lld tokens, %.1f tok/s | KV cache %.2f MB of %.2f MB (evicted %.1f%%) | press %s | %d threads]\n",
+               (long long)r.n_context, r.context_seconds > 0 ? r.n_context / r.context_seconds : 0.0, r.kv_bytes_end / 1e6,
+               r.kv_bytes_full_end / 1e6, 100 * r.evicted_fraction_end, press ? press->name().c_str() : "none",
+               session.n_threads());
   return 0;
 }
 
-RegisterCommand reg("generate", "generate text from a prompt", [](CLI::App& sub) {
+RegisterCommand reg("generate", "generate text from a prompt, or answer questions about a compressed context", [](CLI::App& sub) {
   auto a = std::make_shared<GenerateArgs>();
   a->m.add_to(sub);
+  a->press.add_to(sub);
   sub.add_option("-p,--prompt", a->prompt, "prompt text");
   sub.add_option("-f,--file", a->file, "read the prompt from a file");
+  sub.add_option("--context-file", a->context_file, "a context to compress once, then ask each --question on it");
+  sub.add_option("--question", a->questions, "a question about --context-file (repeatable)");
   sub.add_flag("--chat", a->chat, "wrap the prompt in the model's chat template");
   sub.add_option("--system", a->system, "system message (with --chat)");
   sub.add_option("-n,--max-tokens", a->n, "maximum new tokens")->check(CLI::Range(0, 1 << 20));
@@ -94,7 +136,7 @@ RegisterCommand reg("generate", "generate text from a prompt", [](CLI::App& sub)
   sub.add_option("--min-p", a->min_p, "min-p filter (0 = off)")->check(CLI::Range(0.0f, 1.0f));
   sub.add_option("--seed", a->seed, "sampling seed");
   sub.add_option("--stop", a->stop, "stop string (repeatable)");
-  sub.add_flag("--json", a->json, "print one JSON object with the text, tokens and timings");
+  sub.add_flag("--json", a->json, "print one JSON object with the text, tokens, timings and cache size");
   sub.add_flag("--no-stream", a->no_stream, "print the answer at the end instead of streaming");
   return [a]() { return run_generate(*a); };
 });

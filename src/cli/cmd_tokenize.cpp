@@ -1,8 +1,8 @@
 // `kvzap tokenize -m MODEL (--text-file F | -p TEXT) [--json] [--bos] [--no-special]`: the token ids
 // of a text, as a JSON array or one "id<TAB>'piece'" line per token. Loads only the vocabulary.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -22,6 +22,8 @@ struct TokenizeArgs {
 };
 
 std::string read_file_bytes(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw Error(path + ": is a directory");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot open");
   std::ostringstream ss;

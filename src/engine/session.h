@@ -47,6 +47,8 @@ class Session {
   // The observer (a press) sees every layer step of prefill and decode until changed.
   void set_observer(LayerObserver* obs) { observer_ = obs; }
   void reset();
+  // Forgets every position >= pos (e.g. a question and its answer); logits() is stale until the next feed.
+  void rewind(int64_t pos) { cache_->truncate((int32_t)pos); }
 
   // kvpress pipeline: clears the cache, prefills a context under `press` (which evicts during or right
   // after it), then keeps the press watching later tokens only if it prunes while decoding.

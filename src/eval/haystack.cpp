@@ -140,7 +140,7 @@ std::shared_ptr<const EvalData> load_eval_data(const std::string& dir_in) {
     for (auto& s : split_sentences(para)) data->sentences.push_back(std::move(s));
     size_t words = 1;
     for (char c : para) words += c == ' ';
-    if (words >= 20) data->document_paragraphs.push_back(i);
+    if (words >= 20 && words <= 200) data->document_paragraphs.push_back(i);  // SQuAD-like sizes
   }
   data->adjectives = word_list("words/adjectives.txt", read_hashed("words/adjectives.txt"));
   data->nouns = word_list("words/nouns.txt", read_hashed("words/nouns.txt"));

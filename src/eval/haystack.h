@@ -15,7 +15,7 @@ struct EvalData {
   std::vector<std::string> paragraphs;           // Persuasion then Northanger Abbey, whitespace-normalised
   std::vector<std::string> sentences;            // every paragraph split into sentences, in order
   std::vector<uint32_t> paragraph_first_sentence;  // [paragraphs.size()] index into sentences
-  std::vector<uint32_t> document_paragraphs;     // paragraphs of >= 20 words (QA filler documents)
+  std::vector<uint32_t> document_paragraphs;     // paragraphs of 20..200 words (QA filler documents)
   std::vector<std::string> adjectives;           // sorted, lowercase
   std::vector<std::string> nouns;                // sorted, lowercase
   std::vector<std::string> cwe_words;            // sorted, lowercase, no word is a substring of another

@@ -394,7 +394,13 @@ std::string leaderboard_markdown(const std::vector<ResultRow>& rows, Leaderboard
            fixed(e.evicted_fraction, 3) + " | " + fixed(e.average, 2) + (partial ? "*" : "") + " |";
     for (const auto& t : columns) {
       auto it = std::find(e.tasks.begin(), e.tasks.end(), t);
-      out += it == e.tasks.end() ? " - |" : " " + fixed(e.task_scores[(size_t)(it - e.tasks.begin())], 2) + " |";
+      if (it == e.tasks.end()) {
+        out += " - |";
+      } else {
+        out += ' ';
+        out += fixed(e.task_scores[(size_t)(it - e.tasks.begin())], 2);
+        out += " |";
+      }
     }
     out += "\n";
   }
@@ -505,7 +511,12 @@ std::string score_plot_svg(const std::vector<ResultRow>& rows, const std::string
     const size_t idx = (size_t)std::distance(all_presses.begin(), all_presses.find(press));
     const std::string colour = kPalette[idx % std::size(kPalette)];
     std::string points;
-    for (const auto& p : pts) points += (points.empty() ? "" : " ") + num(X(p.x)) + "," + num(Y(p.y));
+    for (const auto& p : pts) {
+      if (!points.empty()) points += ' ';
+      points += num(X(p.x));
+      points += ',';
+      points += num(Y(p.y));
+    }
     s += "<polyline fill=\"none\" stroke=\"" + colour + "\" stroke-width=\"2\" points=\"" + points + "\"/>\n";
     for (const auto& p : pts)
       s += "<circle cx=\"" + num(X(p.x)) + "\" cy=\"" + num(Y(p.y)) + "\" r=\"3\" fill=\"" + colour + "\"/>\n";

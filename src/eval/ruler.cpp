@@ -339,10 +339,11 @@ std::string numbered(const std::vector<std::string>& words) {
 
 TaskPlan plan_cwe(Rng& rng, uint64_t seed, int64_t length, const EvalData& d) {
   // RULER: >= 4k tokens the list repeats common words 30x and others 3x and the example uses
-  // 40 words (10x / 3x); below 4k: 6x / 1x, example 20 words (3x / 1x).
-  const bool long_ctx = length >= 4096;
-  const int common_rep = long_ctx ? 30 : 6, rare_rep = long_ctx ? 3 : 1;
-  const size_t ex_words = long_ctx ? 40 : 20;
+  // 40 words (10x / 3x); below 4k: 6x / 1x, example 20 words (3x / 1x). Below 1k (not a RULER
+  // length) the example would not fit at all: 4x / 1x and no example.
+  const bool long_ctx = length >= 4096, tiny_ctx = length < 1024;
+  const int common_rep = long_ctx ? 30 : tiny_ctx ? 4 : 6, rare_rep = long_ctx ? 3 : 1;
+  const size_t ex_words = long_ctx ? 40 : tiny_ctx ? 0 : 20;
   const int ex_common_rep = long_ctx ? 10 : 3, ex_rare_rep = long_ctx ? 3 : 1;
 
   const size_t vocab = d.cwe_words.size();
@@ -357,8 +358,9 @@ TaskPlan plan_cwe(Rng& rng, uint64_t seed, int64_t length, const EvalData& d) {
     for (int r = 0; r < (i < 10 ? ex_common_rep : ex_rare_rep); ++r) ex_list.push_back(w);
   }
   rng.shuffle(ex_list);
-  const std::string example = std::string(kCweInstruction) + numbered(ex_list) + "\n" + kCweQuestion +
-                              kCweAnswerPrefix + " " + numbered(ex_common) + "\n\n";
+  const std::string example = ex_words == 0 ? std::string()
+                                            : std::string(kCweInstruction) + numbered(ex_list) + "\n" + kCweQuestion +
+                                                  kCweAnswerPrefix + " " + numbered(ex_common) + "\n\n";
 
   auto common = std::make_shared<std::vector<std::string>>();
   auto rare = std::make_shared<std::vector<std::string>>();
@@ -433,10 +435,10 @@ const char* pick(Rng& rng, std::initializer_list<const char*> options) {
 
 // Pronounceable invented words, so that no fact can be known from pre-training.
 std::string invented_stem(Rng& rng, int syllables) {
-  static const char* onsets[] = {"b", "br", "c", "cl", "d", "dr", "f", "fl", "g", "gr", "h", "k", "l",
-                                 "m", "n", "p", "pr", "r", "s", "sh", "st", "t", "th", "tr", "v", "w"};
-  static const char* vowels[] = {"a", "e", "i", "o", "u", "ai", "ea", "ou"};
-  static const char* codas[] = {"", "", "", "n", "r", "l", "s", "m", "nd", "rk", "st"};
+  static const char* onsets[] = {"b", "br", "c", "d", "f", "g", "h", "k", "l", "m",
+                                 "n", "p", "r", "s", "t", "v", "w", "th", "st"};
+  static const char* vowels[] = {"a", "e", "i", "o", "u", "a", "e", "o"};
+  static const char* codas[] = {"", "", "", "n", "r", "l", "s", "m"};
   std::string s;
   for (int i = 0; i < syllables; ++i) {
     s += onsets[rng.below(std::size(onsets))];
@@ -513,21 +515,22 @@ class FactWorld {
   Person person() {
     Person p;
     const std::string given = any_of(rng_, kGivenNames);
-    p.name = given + " " + names_.take(rng_, [](Rng& r) { return invented_stem(r, 2 + (int)r.below(2)); });
+    p.name = given + " " + names_.take(rng_, [](Rng& r) { return invented_stem(r, 2); });
     p.town = town();
     p.occupation = any_of(rng_, kOccupations);
-    p.year = rng_.range(1650, 1900);
+    p.year = rng_.range(1650, 1880);
     return p;
   }
 
-  Org org(const std::string& founder) {
+  // founder_birth: the founder's birth year when the founder has a document (keeps dates plausible).
+  Org org(const std::string& founder, int64_t founder_birth = 0) {
     Org o;
-    o.name = "the " + names_.take(rng_, [](Rng& r) { return invented_stem(r, 2 + (int)r.below(2)); }) + " " +
+    o.name = "the " + names_.take(rng_, [](Rng& r) { return invented_stem(r, 2); }) + " " +
              any_of(rng_, kOrgKinds);
     o.town = town();
     o.product = any_of(rng_, kProducts);
     o.colour = any_of(rng_, kColours);
-    o.year = rng_.range(1700, 1950);
+    o.year = founder_birth > 0 ? founder_birth + rng_.range(25, 60) : rng_.range(1700, 1950);
     o.founder = founder;
     return o;
   }
@@ -631,7 +634,7 @@ QaItem draw_qa2(Rng& rng, int64_t length, FactWorld& world) {
     return attribute == 0 ? std::to_string(p.year) : attribute == 1 ? p.town : p.occupation;
   };
   const Person founder = world.person();
-  const Org org = world.org(founder.name);
+  const Org org = world.org(founder.name, founder.year);
   item.answer = value(founder);
   switch (attribute) {
     case 0: item.question = "In which year was the founder of " + org.name + " born?"; break;
@@ -647,7 +650,7 @@ QaItem draw_qa2(Rng& rng, int64_t length, FactWorld& world) {
     Person p;
     do p = world.person();
     while (value(p) == item.answer);
-    item.docs.push_back({0, world.document(world.org(p.name))});
+    item.docs.push_back({0, world.document(world.org(p.name, p.year))});
     item.docs.push_back({0, world.document(p)});
   }
   return item;
@@ -897,7 +900,7 @@ Sample sample_from_json(const std::string& line) {
     return s;
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("malformed sample: ") + e.what());
-  } catch (const std::invalid_argument&) {
+  } catch (const std::logic_error&) {  // std::stoull: invalid_argument / out_of_range
     throw Error("malformed sample: meta.seed is not hexadecimal");
   }
 }
@@ -925,6 +928,21 @@ std::vector<Sample> read_samples_jsonl(const std::string& path) {
     }
   }
   return out;
+}
+
+TokenCounter chat_token_counter(const Tokenizer& tok, ChatFormat fmt, const ChatOptions& opt) {
+  ChatOptions o = opt;
+  o.add_generation_prompt = true;
+  const std::string sentinel = "@@KVZAP-CONTEXT@@";
+  const std::string rendered = apply_chat_template(fmt, {{"user", sentinel}}, o);
+  const size_t at = rendered.find(sentinel);
+  if (at == std::string::npos) throw Error("chat template dropped the user message");
+  const std::string prefix = rendered.substr(0, at), suffix = rendered.substr(at + sentinel.size());
+  const bool bos = tok.vocab().add_bos;
+  const Tokenizer* t = &tok;
+  return [t, prefix, suffix, bos](const std::string& context, const std::string& question) {
+    return (int64_t)(t->encode(prefix + context, bos).size() + t->encode(question + suffix, false).size());
+  };
 }
 
 TokenCounter approximate_token_counter() {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "eval/metrics.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kvzap::eval {
 
@@ -86,6 +87,13 @@ std::string sample_to_json(const Sample& s);  // one line, no trailing newline
 Sample sample_from_json(const std::string& line);
 void write_samples_jsonl(const std::string& path, const std::vector<Sample>& samples);
 std::vector<Sample> read_samples_jsonl(const std::string& path);
+
+// The exact counter for a model: renders a user turn around a sentinel with `fmt` (generation
+// prompt on), splits it into template prefix and suffix as kvpress does, and returns
+// tokens(prefix + context, with BOS if the vocabulary adds one) + tokens(question + suffix).
+// Pass opt.enable_thinking = false for kvpress parity on Qwen3. The tokenizer must outlive the
+// counter.
+TokenCounter chat_token_counter(const Tokenizer& tok, ChatFormat fmt, const ChatOptions& opt = {});
 
 // Rough counter (template ignored, ~4 bytes per token) for tests and dry runs; never for a real
 // suite, whose lengths must come from the model's tokenizer.

@@ -15,9 +15,12 @@ struct MatmulKernel {
   // Bytes of one prepared activation row of n_in values (0: activations are used as float, unprepared).
   size_t (*act_row_bytes)(int64_t n_in) = nullptr;
   void (*prepare_act)(const float* x, uint8_t* dst, int64_t n_in) = nullptr;
+  // Per-thread workspace compute needs (repacked weight rows), 0 if none; at most max_work_bytes.
+  size_t (*work_bytes)(int64_t n_in) = nullptr;
   // y[t * ldy + r] for r in [r0, r1), t in [t0, t1); act row t starts at act + t * act_stride.
+  // work: this thread's workspace (64-byte aligned) or nullptr when work_bytes is null.
   void (*compute)(const WeightMatrix& w, const uint8_t* act, size_t act_stride, int64_t r0, int64_t r1,
-                  int64_t t0, int64_t t1, float* y, int64_t ldy) = nullptr;
+                  int64_t t0, int64_t t1, float* y, int64_t ldy, uint8_t* work) = nullptr;
   explicit operator bool() const { return compute != nullptr; }
 };
 
@@ -28,8 +31,10 @@ struct VectorKernels {
   void (*f32_to_f16_row)(const float* src, uint16_t* dst, int64_t n);
 };
 
-// Upper bound on act_row_bytes for any kernel, so scratch can be reserved without knowing the type.
+// Upper bounds on act_row_bytes / work_bytes for any kernel, so scratch can be reserved without
+// knowing the type. Prepared rows start 64-byte aligned when act_row_bytes is a multiple of 64.
 static inline size_t max_act_row_bytes(int64_t n_in) { return (size_t)n_in * 4 + 256; }
+static inline size_t max_work_bytes(int64_t n_in) { return (size_t)n_in * 20 + 1024; }
 
 // Each returns an empty kernel for types it does not handle (the dispatcher then falls back).
 MatmulKernel scalar_kernel(GgmlType type);

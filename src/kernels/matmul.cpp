@@ -26,7 +26,7 @@ void scalar_prep_q8_k(const float* x, uint8_t* dst, int64_t n) { quantize_q8_K_r
 
 template <GgmlType T>
 void scalar_compute(const WeightMatrix& w, const uint8_t* act, size_t act_stride, int64_t r0, int64_t r1,
-                    int64_t t0, int64_t t1, float* y, int64_t ldy) {
+                    int64_t t0, int64_t t1, float* y, int64_t ldy, uint8_t*) {
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* wr = w.data + (size_t)r * w.row_stride;
     for (int64_t t = t0; t < t1; ++t) y[t * ldy + r] = vec_dot_ref(T, wr, act + (size_t)t * act_stride, w.n_in);
@@ -149,6 +149,9 @@ const VectorKernels& vector_kernels() {
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
+constexpr size_t kAlign = 64;
+uint8_t* align_up(uint8_t* p) { return (uint8_t*)(((uintptr_t)p + kAlign - 1) & ~(uintptr_t)(kAlign - 1)); }
+
 void check_row(GgmlType type, int64_t n, const char* what) {
   const TypeGeometry g = geometry(type);
   if (!is_matmul_type(type) || g.block_elems == 0)
@@ -174,9 +177,12 @@ constexpr int64_t kRowAlign = 16;
 
 }  // namespace
 
-void MatmulScratch::reserve(int64_t max_tokens, int64_t max_n_in) {
-  const size_t need = (size_t)std::max<int64_t>(max_tokens, 1) * max_act_row_bytes(max_n_in);
-  if (act.size() < need) act.resize(need);
+void MatmulScratch::reserve(int64_t max_tokens, int64_t max_n_in, int max_threads) {
+  if (max_threads <= 0) max_threads = ThreadPool::default_threads();
+  const size_t need_act = (size_t)std::max<int64_t>(max_tokens, 1) * max_act_row_bytes(max_n_in) + kAlign;
+  if (act.size() < need_act) act.resize(need_act);
+  const size_t need_work = (size_t)max_threads * round_up((int64_t)max_work_bytes(max_n_in), kAlign) + kAlign;
+  if (work.size() < need_work) work.resize(need_work);
 }
 
 Isa detected_isa() {
@@ -209,9 +215,9 @@ void matmul(const WeightMatrix& w, const float* x, int64_t n_tok, float* y, Thre
   size_t act_stride = (size_t)n_in * sizeof(float);
   if (k.act_row_bytes) {
     act_stride = k.act_row_bytes(n_in);
-    const size_t need = act_stride * (size_t)n_tok;
+    const size_t need = act_stride * (size_t)n_tok + kAlign;
     if (scratch.act.size() < need) scratch.act.resize(need);  // only when reserve() was too small
-    uint8_t* dst = scratch.act.data();
+    uint8_t* dst = align_up(scratch.act.data());
     constexpr int64_t kPrepTokens = 8;
     if (nth > 1 && n_tok >= 2 * kPrepTokens) {
       pool.parallel_for((n_tok + kPrepTokens - 1) / kPrepTokens, [&](int64_t c, int) {
@@ -232,11 +238,21 @@ void matmul(const WeightMatrix& w, const float* x, int64_t n_tok, float* y, Thre
   rows = std::clamp<int64_t>(rows, kRowAlign, max_rows);
   const int64_t n_rc = (n_out + rows - 1) / rows;
 
-  auto run_item = [&](int64_t item, int) {
+  // Per-thread workspace slices.
+  size_t work_stride = 0;
+  uint8_t* work = nullptr;
+  if (k.work_bytes) {
+    work_stride = (size_t)round_up((int64_t)k.work_bytes(n_in), kAlign);
+    const size_t need = work_stride * (size_t)nth + kAlign;
+    if (scratch.work.size() < need) scratch.work.resize(need);  // only when reserve() was too small
+    work = align_up(scratch.work.data());
+  }
+
+  auto run_item = [&](int64_t item, int tid) {
     const int64_t rc = item % n_rc, tb = item / n_rc;
     const int64_t r0 = rc * rows, r1 = std::min(n_out, r0 + rows);
     const int64_t t0 = tb * tok_block, t1 = std::min(n_tok, t0 + tok_block);
-    k.compute(w, act, act_stride, r0, r1, t0, t1, y, n_out);
+    k.compute(w, act, act_stride, r0, r1, t0, t1, y, n_out, work ? work + work_stride * (size_t)tid : nullptr);
   };
   pool.parallel_for(n_rc * n_tb, run_item);
 }

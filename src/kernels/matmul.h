@@ -22,9 +22,13 @@ struct WeightMatrix {
 };
 
 // Scratch for quantized activations; sized once (reserve) so the hot path never allocates.
+// The prepared-activation format is private to the kernels (ggml Q8 blocks or a SIMD-friendly
+// interleave of the same quantized values); matmul() grows the buffers if reserve() was too small.
 struct MatmulScratch {
-  std::vector<uint8_t> act;  // quantized activations [n_tok][row_bytes(partner, n_in)]
-  void reserve(int64_t max_tokens, int64_t max_n_in);
+  std::vector<uint8_t> act;   // prepared activations [n_tok][kernel row bytes] (+64 for alignment)
+  std::vector<uint8_t> work;  // per-thread workspace (repacked weight rows) [n_threads][bytes]
+  // max_threads 0 = ThreadPool::default_threads().
+  void reserve(int64_t max_tokens, int64_t max_n_in, int max_threads = 0);
 };
 
 enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2 };

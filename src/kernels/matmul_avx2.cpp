@@ -312,7 +312,7 @@ float dot_float(const void* wv, const void* av, int64_t n) {
 // Rows outer (a weight row stays in L1 across the token block), tokens inner.
 template <float (*Dot)(const void*, const void*, int64_t)>
 void compute_rows(const WeightMatrix& w, const uint8_t* act, size_t act_stride, int64_t r0, int64_t r1,
-                  int64_t t0, int64_t t1, float* y, int64_t ldy) {
+                  int64_t t0, int64_t t1, float* y, int64_t ldy, uint8_t*) {
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* wr = w.data + (size_t)r * w.row_stride;
     for (int64_t t = t0; t < t1; ++t) y[t * ldy + r] = Dot(wr, act + (size_t)t * act_stride, w.n_in);

@@ -1,7 +1,510 @@
-// avx512 kernels (stub while the SIMD paths are written).
+// AVX-512 (F/BW/VL/DQ + VNNI) kernels for the 32-element formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0.
+// Other types fall back to the AVX2 kernels in the dispatcher.
+//
+// Scheme (one zmm = a pair of 32-element blocks b, b+1):
+//  * Activations are quantized exactly as ggml's Q8_0 / Q8_1 (same q, fp16-rounded d, s) and stored per
+//    pair as [64 int8 quants][16 float d per int32 lane][16 int32 offset correction] (+ a float s[] tail
+//    for Q4_1 / Q5_1).
+//  * Weights are unpacked per group of 4 rows into the matching byte order, as unsigned bytes: nibble
+//    formats as 0..15 / 0..31, Q8_0 as q + 128 (xor 0x80). vpdpbusd(u8 weight, s8 activation) then gives
+//    sum q_w * q_a per 4 bytes; the offsets (-8, -16, +128) are removed exactly by starting the integer
+//    accumulator at -offset * sum(q_a) for that block.
+//  * Per (row, token) a float accumulator takes isum * (d_w * d_a) lane-wise; Q4_1/Q5_1 add
+//    sum_b m_b * s_b afterwards. A 4-row x 4-token tile reuses every unpacked weight pair 4 times.
+//  * Every output element goes through the same instruction sequence wherever it sits in a tile, so
+//    results are independent of thread count and batch size.
+// Internal linkage throughout and no standard-library templates: nothing AVX-512-compiled can be
+// shared with baseline code by the linker.
+#include <immintrin.h>
+
 #include "kernels/kernel_table.h"
 
+// GCC 12 reports its own intrinsic headers (_mm512_reduce_*, undefined vectors) as uninitialized.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include "kernels/quant_blocks.h"
+
 namespace kvzap::kernels {
-MatmulKernel avx512_kernel(GgmlType) { return {}; }
-const VectorKernels& avx512_vector_kernels() { return scalar_vector_kernels(); }
+namespace {
+
+constexpr int kRows = 4;           // weight rows per micro-tile
+constexpr int kToks = 4;           // tokens per micro-tile
+constexpr size_t kZ = 64;          // bytes per zmm
+constexpr size_t kPackPair = 2 * kRows * kZ;  // per pair: 4 unpacked rows + 4 scale vectors
+
+enum class Order { Nibble, Linear };  // byte order inside a pair (see below)
+
+// Nibble formats: bytes [b.0-15 | b1.0-15 | b.16-31 | b1.16-31] (int32 lanes 0-3, 8-11 belong to b).
+// Q8_0:           bytes [b.0-31 | b1.0-31]                       (int32 lanes 0-7 belong to b).
+template <GgmlType T>
+struct Fmt;
+template <> struct Fmt<GgmlType::Q4_0> { static constexpr int kBytes = 18, kOffset = 8; static constexpr bool kMin = false; static constexpr Order kOrder = Order::Nibble; };
+template <> struct Fmt<GgmlType::Q4_1> { static constexpr int kBytes = 20, kOffset = 0; static constexpr bool kMin = true; static constexpr Order kOrder = Order::Nibble; };
+template <> struct Fmt<GgmlType::Q5_0> { static constexpr int kBytes = 22, kOffset = 16; static constexpr bool kMin = false; static constexpr Order kOrder = Order::Nibble; };
+template <> struct Fmt<GgmlType::Q5_1> { static constexpr int kBytes = 24, kOffset = 0; static constexpr bool kMin = true; static constexpr Order kOrder = Order::Nibble; };
+template <> struct Fmt<GgmlType::Q8_0> { static constexpr int kBytes = 34, kOffset = 128; static constexpr bool kMin = false; static constexpr Order kOrder = Order::Linear; };
+
+// Activation row layout.
+template <GgmlType T>
+constexpr size_t act_pair_bytes() { return Fmt<T>::kOffset ? 3 * kZ : 2 * kZ; }
+
+inline int64_t n_pairs(int64_t n) { return (n / kQK + 1) / 2; }
+inline int64_t padded_blocks(int64_t n) { return (n / kQK + 15) / 16 * 16; }  // s[] / m[] length
+
+template <GgmlType T>
+size_t act_bytes(int64_t n) {
+  size_t bytes = (size_t)n_pairs(n) * act_pair_bytes<T>();
+  if (Fmt<T>::kMin) bytes += (size_t)padded_blocks(n) * sizeof(float);
+  return (bytes + kZ - 1) / kZ * kZ;
+}
+
+template <GgmlType T>
+size_t work_bytes(int64_t n) {
+  size_t bytes = (size_t)n_pairs(n) * kPackPair;
+  if (Fmt<T>::kMin) bytes += (size_t)kRows * (size_t)padded_blocks(n) * sizeof(float);
+  return bytes;
+}
+
+inline float round_fp16(float f) { return _cvtsh_ss(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT)); }
+
+// roundf (half away from zero), exactly: trunc, then step away from zero when |frac| >= 0.5.
+inline __m512 round_half_away(__m512 v) {
+  const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  const __m512 frac = _mm512_abs_ps(_mm512_sub_ps(v, t));
+  const __mmask16 up = _mm512_cmp_ps_mask(frac, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+  const __m512 step = _mm512_or_ps(_mm512_and_ps(v, _mm512_set1_ps(-0.0f)), _mm512_set1_ps(1.0f));
+  return _mm512_mask_add_ps(t, up, t, step);
+}
+
+// One block with ggml's Q8_0/Q8_1 rule: d = amax / 127, q = roundf(x * (1 / d)).
+struct QuantBlock {
+  __m128i lo, hi;  // quants of elements 0-15 and 16-31
+  float d;         // unrounded scale
+  int sum;         // sum of the quants
+};
+
+inline QuantBlock quantize_block(const float* x) {
+  const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+  QuantBlock q;
+  q.d = amax / 127;
+  const __m512 id = _mm512_set1_ps(q.d ? 1.0f / q.d : 0.0f);
+  const __m512i i0 = _mm512_cvttps_epi32(round_half_away(_mm512_mul_ps(v0, id)));
+  const __m512i i1 = _mm512_cvttps_epi32(round_half_away(_mm512_mul_ps(v1, id)));
+  q.sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+  q.lo = _mm512_cvtepi32_epi8(i0);
+  q.hi = _mm512_cvtepi32_epi8(i1);
+  return q;
+}
+
+template <GgmlType T>
+void prepare_act(const float* x, uint8_t* dst, int64_t n) {
+  using F = Fmt<T>;
+  const int64_t nb = n / kQK, np = n_pairs(n);
+  float* s_tail = F::kMin ? (float*)(dst + (size_t)np * act_pair_bytes<T>()) : nullptr;
+  for (int64_t p = 0; p < np; ++p) {
+    uint8_t* out = dst + (size_t)p * act_pair_bytes<T>();
+    QuantBlock q[2];
+    for (int h = 0; h < 2; ++h) {
+      const int64_t b = 2 * p + h;
+      if (b < nb) {
+        q[h] = quantize_block(x + b * kQK);
+      } else {
+        q[h] = {_mm_setzero_si128(), _mm_setzero_si128(), 0.f, 0};
+      }
+    }
+    if constexpr (F::kOrder == Order::Nibble) {
+      _mm_store_si128((__m128i*)(out + 0), q[0].lo);
+      _mm_store_si128((__m128i*)(out + 16), q[1].lo);
+      _mm_store_si128((__m128i*)(out + 32), q[0].hi);
+      _mm_store_si128((__m128i*)(out + 48), q[1].hi);
+    } else {
+      _mm_store_si128((__m128i*)(out + 0), q[0].lo);
+      _mm_store_si128((__m128i*)(out + 16), q[0].hi);
+      _mm_store_si128((__m128i*)(out + 32), q[1].lo);
+      _mm_store_si128((__m128i*)(out + 48), q[1].hi);
+    }
+    const float d0 = round_fp16(q[0].d), d1 = round_fp16(q[1].d);
+    // Which int32 lanes belong to block b (bit set) vs b+1.
+    constexpr __mmask16 kLanesB = F::kOrder == Order::Nibble ? 0x0F0F : 0x00FF;
+    _mm512_store_ps((float*)(out + kZ), _mm512_mask_blend_ps(kLanesB, _mm512_set1_ps(d1), _mm512_set1_ps(d0)));
+    if constexpr (F::kOffset != 0) {
+      const int lane_b1 = F::kOrder == Order::Nibble ? 4 : 8;
+      alignas(64) int32_t corr[16] = {};
+      corr[0] = -F::kOffset * q[0].sum;
+      corr[lane_b1] = -F::kOffset * q[1].sum;
+      _mm512_store_si512((void*)(out + 2 * kZ), _mm512_load_si512((const void*)corr));
+    }
+    if constexpr (F::kMin) {
+      // ggml: s = fp16(d * sum(q)) with the unrounded d.
+      s_tail[2 * p] = round_fp16((float)q[0].sum * q[0].d);
+      if (2 * p + 1 < nb) s_tail[2 * p + 1] = round_fp16((float)q[1].sum * q[1].d);
+    }
+  }
+  if constexpr (F::kMin) {
+    for (int64_t b = nb; b < padded_blocks(n); ++b) s_tail[b] = 0.f;
+  }
+}
+
+// ---------------------------------------------------------------- weight unpacking
+
+inline uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  __builtin_memcpy(&v, p, 2);
+  return v;
+}
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return v;
+}
+
+// Two 16-byte nibble arrays -> [b.lo | b1.lo | b.hi | b1.hi] as bytes 0..15.
+inline __m512i unpack_nibble_pair(const uint8_t* qs0, const uint8_t* qs1) {
+  const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)qs0)),
+                                            _mm_loadu_si128((const __m128i*)qs1), 1);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m4)),
+                            _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), 1);
+}
+
+// Fifth bits of a Q5 pair as a byte mask in the nibble byte order.
+inline __mmask64 fifth_bits(uint32_t qh0, uint32_t qh1) {
+  const uint64_t h0 = qh0, h1 = qh1;
+  return (__mmask64)((h0 & 0xFFFF) | ((h1 & 0xFFFF) << 16) | ((h0 >> 16) << 32) | ((h1 >> 16) << 48));
+}
+
+// One weight pair (blocks 2p and 2p + 1 of a row) ready for vpdpbusd, plus its fp16 header fields as
+// floats; a missing block 2p + 1 (odd block count) reads as zeros.
+struct WeightPair {
+  __m512i z;
+  __m512 hdr;
+};
+
+// Float positions in WeightPair::hdr of d_b, d_b1, m_b, m_b1.
+template <GgmlType T> constexpr int kHdrD0 = 0;
+template <GgmlType T> constexpr int kHdrD1 = Fmt<T>::kBytes / 2;
+template <GgmlType T> constexpr int kHdrM0 = 1;
+template <GgmlType T> constexpr int kHdrM1 = Fmt<T>::kBytes / 2 + 1;
+template <> constexpr int kHdrD1<GgmlType::Q8_0> = 1;  // Q8_0 assembles its two scales itself
+
+template <GgmlType T>
+inline WeightPair load_pair(const uint8_t* row, int64_t p, bool has_b1, bool last_pair) {
+  using F = Fmt<T>;
+  const uint8_t* b0 = row + (size_t)(2 * p) * F::kBytes;
+  const uint8_t* b1 = b0 + F::kBytes;
+  WeightPair out;
+  if constexpr (T == GgmlType::Q4_1 || T == GgmlType::Q5_1) {
+    // Headers and nibbles are dword aligned: one load, a dword permute puts both blocks' 16 nibble
+    // bytes in each 256-bit half, a per-qword shift exposes the high nibbles in the upper half.
+    // The full 64-byte load stays inside the row except on its last pair; masked loads are much
+    // slower when they miss the cache (measured on Zen 5), so only that pair uses one.
+    constexpr int kDw = F::kBytes / 4, kQs = T == GgmlType::Q4_1 ? 1 : 2;
+    __m512i raw;
+    if (!last_pair) {
+      raw = _mm512_loadu_si512((const void*)b0);
+    } else {
+      const __mmask16 valid = has_b1 ? (__mmask16)((1u << (2 * kDw)) - 1) : (__mmask16)((1u << kDw) - 1);
+      raw = _mm512_maskz_loadu_epi32(valid, b0);
+    }
+    const __m512i idx = _mm512_setr_epi32(kQs, kQs + 1, kQs + 2, kQs + 3, kDw + kQs, kDw + kQs + 1, kDw + kQs + 2,
+                                          kDw + kQs + 3, kQs, kQs + 1, kQs + 2, kQs + 3, kDw + kQs, kDw + kQs + 1,
+                                          kDw + kQs + 2, kDw + kQs + 3);
+    const __m512i both = _mm512_permutexvar_epi32(idx, raw);
+    const __m512i shifted = _mm512_srlv_epi64(both, _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4));
+    out.z = _mm512_and_si512(shifted, _mm512_set1_epi8(0x0F));
+    out.hdr = _mm512_cvtph_ps(_mm512_castsi512_si256(raw));
+    if constexpr (T == GgmlType::Q5_1) {
+      const __mmask64 hb = fifth_bits(load_u32(b0 + 4), has_b1 ? load_u32(b1 + 4) : 0);
+      out.z = _mm512_or_si512(out.z, _mm512_maskz_mov_epi8(hb, _mm512_set1_epi8(0x10)));
+    }
+  } else if constexpr (T == GgmlType::Q8_0) {
+    const __m256i lo = _mm256_loadu_si256((const __m256i*)(b0 + 2));
+    const __m256i hi = has_b1 ? _mm256_loadu_si256((const __m256i*)(b1 + 2)) : _mm256_setzero_si256();
+    const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    out.z = _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80));  // q + 128 as unsigned
+    const uint32_t d01 = (uint32_t)load_u16(b0) | (has_b1 ? (uint32_t)load_u16(b1) << 16 : 0u);
+    out.hdr = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)d01)));
+  } else {  // Q4_0, Q5_0
+    constexpr int kQsOff = T == GgmlType::Q4_0 ? 2 : 6;
+    static const uint8_t kZeros[16] = {};
+    out.z = unpack_nibble_pair(b0 + kQsOff, has_b1 ? b1 + kQsOff : kZeros);
+    if constexpr (T == GgmlType::Q5_0) {
+      const __mmask64 hb = fifth_bits(load_u32(b0 + 2), has_b1 ? load_u32(b1 + 2) : 0);
+      out.z = _mm512_or_si512(out.z, _mm512_maskz_mov_epi8(hb, _mm512_set1_epi8(0x10)));
+    }
+    out.hdr = _mm512_cvtph_ps(has_b1 ? _mm256_loadu_si256((const __m256i*)b0)  // inside the pair
+                                     : _mm256_maskz_loadu_epi16((__mmask16)((1u << (F::kBytes / 2)) - 1), b0));
+  }
+  return out;
+}
+
+// Lane patterns turning hdr into d_w per int32 lane, and into m per block (even lane: block b).
+template <GgmlType T>
+inline __m512i d_lane_index() {
+  constexpr int a = kHdrD0<T>, b = kHdrD1<T>;
+  if constexpr (Fmt<T>::kOrder == Order::Nibble)
+    return _mm512_setr_epi32(a, a, a, a, b, b, b, b, a, a, a, a, b, b, b, b);
+  else
+    return _mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b);
+}
+template <GgmlType T>
+inline __m512i m_lane_index() {
+  constexpr int a = kHdrM0<T>, b = kHdrM1<T>;
+  return _mm512_setr_epi32(a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b);
+}
+
+// Lanes of the 16-block m / s chunk that pair p fills.
+inline __mmask16 pair_lanes(int64_t p, bool has_b1) { return (__mmask16)((has_b1 ? 3u : 1u) << ((2 * p) & 15)); }
+
+// ---------------------------------------------------------------- reduction
+//
+// Sums the 16 lanes of each of v[0..15] by folding halves (lane i + lane i+8, then +4, +2, +1), for 16
+// vectors at once. Result lane 4 * b + k holds the sum of v[4 * k + b]. Each vector's own lanes are
+// added in the same order whatever the other vectors hold, so every caller gets identical bits.
+inline __m512 fold_level(__m512 a, __m512 b, int level) {
+  switch (level) {
+    case 0: return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    case 1: return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+    case 2: return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
+    default: return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
+  }
+}
+
+inline __m512 reduce16(const __m512* v) {
+  __m512 c[8], e[4], g[2];
+  for (int k = 0; k < 8; ++k) c[k] = fold_level(v[2 * k], v[2 * k + 1], 0);
+  for (int k = 0; k < 4; ++k) e[k] = fold_level(c[2 * k], c[2 * k + 1], 1);
+  for (int k = 0; k < 2; ++k) g[k] = fold_level(e[2 * k], e[2 * k + 1], 2);
+  return fold_level(g[0], g[1], 3);
+}
+
+// The same folds for v[0], v[4], v[8], v[12] only (the others zero): result lane k = sum of input k.
+inline __m512 reduce4(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
+  const __m512 z = _mm512_setzero_ps();
+  const __m512 c0 = fold_level(v0, z, 0), c2 = fold_level(v1, z, 0), c4 = fold_level(v2, z, 0),
+               c6 = fold_level(v3, z, 0);
+  const __m512 e0 = fold_level(c0, z, 1), e1 = fold_level(c2, z, 1), e2 = fold_level(c4, z, 1),
+               e3 = fold_level(c6, z, 1);
+  return fold_level(fold_level(e0, e1, 2), fold_level(e2, e3, 2), 3);
+}
+
+// ---------------------------------------------------------------- decode path (one token)
+//
+// Reads weight pairs straight from the GGUF rows (no packing), with exactly the arithmetic of the
+// packed tile path per output, so decode and prefill give bit-identical rows.
+
+// Rows are read in lock-step, which the hardware prefetchers follow poorly (measured 2.5x slower on a
+// DRAM-resident LM head): each pair also prefetches the same bytes of the row 4 groups further on.
+constexpr int kPrefetchGroups = 4;
+
+// Accumulators of NR rows x 1 token; step() consumes one weight pair of every row.
+template <GgmlType T, int NR>
+struct GemvState {
+  using F = Fmt<T>;
+  const uint8_t* const* rows;
+  const uint8_t* a;
+  size_t prefetch_distance;
+  __m512i idx_d, idx_m;
+  __m512 acc[NR], macc[NR], mvec[NR];
+
+  template <bool kLastPair>
+  inline void step(int64_t p, bool has_b1) {
+    constexpr size_t kAct = act_pair_bytes<T>();
+    const uint8_t* ap = a + (size_t)p * kAct;
+    const __m512i av = _mm512_load_si512((const void*)ap);
+    const __m512 da = _mm512_load_ps((const float*)(ap + kZ));
+    const __m512i init = F::kOffset ? _mm512_load_si512((const void*)(ap + 2 * kZ)) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const char* ahead = (const char*)rows[r] + prefetch_distance + (size_t)(2 * p) * F::kBytes;
+      _mm_prefetch(ahead, _MM_HINT_T0);
+      if constexpr (2 * F::kBytes > 64) _mm_prefetch(ahead + 2 * F::kBytes - 1, _MM_HINT_T0);
+      const WeightPair w = load_pair<T>(rows[r], p, has_b1, kLastPair);
+      const __m512 dwv = _mm512_permutexvar_ps(idx_d, w.hdr);
+      const __m512i isum = _mm512_dpbusd_epi32(init, w.z, av);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dwv, da), acc[r]);
+      if constexpr (F::kMin) mvec[r] = _mm512_mask_permutexvar_ps(mvec[r], pair_lanes(p, has_b1), idx_m, w.hdr);
+    }
+  }
+};
+
+template <GgmlType T, int NR>
+inline void gemv_rows(const uint8_t* const* rows, const uint8_t* a, int64_t nb, size_t prefetch_distance,
+                      float* out) {
+  using F = Fmt<T>;
+  const int64_t np = n_pairs(nb * kQK);
+  GemvState<T, NR> st{rows, a, prefetch_distance, d_lane_index<T>(), m_lane_index<T>(), {}, {}, {}};
+  for (int r = 0; r < NR; ++r) st.acc[r] = st.macc[r] = st.mvec[r] = _mm512_setzero_ps();
+  const float* s = F::kMin ? (const float*)(a + (size_t)np * act_pair_bytes<T>()) : nullptr;
+  // Chunks of 8 pairs = the 16 blocks of one m / s vector; only the row's last pair needs care
+  // (masked load, possibly a missing second block).
+  for (int64_t c = 0; c < np; c += 8) {
+    const int64_t end = c + 8 < np ? c + 8 : np;
+    const int64_t plain_end = end < np - 1 ? end : np - 1;
+    for (int64_t p = c; p < plain_end; ++p) st.template step<false>(p, true);
+    if (end == np) st.template step<true>(np - 1, 2 * (np - 1) + 1 < nb);
+    if constexpr (F::kMin) {
+      const __m512 sv = _mm512_load_ps(s + 2 * c);
+      for (int r = 0; r < NR; ++r) {
+        st.macc[r] = _mm512_fmadd_ps(st.mvec[r], sv, st.macc[r]);
+        st.mvec[r] = _mm512_setzero_ps();
+      }
+    }
+  }
+  __m512 v[4];
+  for (int r = 0; r < 4; ++r)
+    v[r] = r < NR ? (F::kMin ? _mm512_add_ps(st.acc[r], st.macc[r]) : st.acc[r]) : _mm512_setzero_ps();
+  const __m512 sums = reduce4(v[0], v[1], v[2], v[3]);
+  _mm512_mask_storeu_ps(out, (__mmask16)((1u << NR) - 1), sums);
+}
+
+template <GgmlType T>
+void gemv(const WeightMatrix& w, const uint8_t* a, int64_t r0, int64_t r1, float* y) {
+  const int64_t nb = w.n_in / kQK;
+  int64_t r = r0;
+  for (; r + kRows <= r1; r += kRows) {
+    const uint8_t* rows[kRows];
+    for (int i = 0; i < kRows; ++i) rows[i] = w.data + (size_t)(r + i) * w.row_stride;
+    gemv_rows<T, kRows>(rows, a, nb, kPrefetchGroups * kRows * w.row_stride, y + r);
+  }
+  for (; r < r1; ++r) {
+    const uint8_t* row = w.data + (size_t)r * w.row_stride;
+    gemv_rows<T, 1>(&row, a, nb, w.row_stride, y + r);
+  }
+}
+
+// ---------------------------------------------------------------- prefill path (token tiles)
+
+// Packs rows [r0, r0 + nr) (nr <= 4; missing rows are zero) into the workspace:
+// per pair: 4 x 64 bytes of unpacked weights, then 4 x 16 floats of d_w per int32 lane;
+// then (Q4_1/Q5_1) m[row][padded_blocks] floats.
+template <GgmlType T>
+void pack_rows(const WeightMatrix& w, int64_t r0, int nr, uint8_t* work) {
+  using F = Fmt<T>;
+  const int64_t nb = w.n_in / kQK, np = n_pairs(w.n_in), nbp = padded_blocks(w.n_in);
+  const __m512i idx_d = d_lane_index<T>();
+  const __m512i idx_m = m_lane_index<T>();
+  for (int r = 0; r < kRows; ++r) {
+    const uint8_t* row = r < nr ? w.data + (size_t)(r0 + r) * w.row_stride : nullptr;
+    float* m = F::kMin ? (float*)(work + (size_t)np * kPackPair) + (size_t)r * nbp : nullptr;
+    __m512 mvec = _mm512_setzero_ps();
+    for (int64_t p = 0; p < np; ++p) {
+      uint8_t* out = work + (size_t)p * kPackPair;
+      const bool has_b1 = 2 * p + 1 < nb;
+      WeightPair wp{_mm512_setzero_si512(), _mm512_setzero_ps()};
+      if (row) wp = load_pair<T>(row, p, has_b1, p == np - 1);
+      _mm512_store_si512((void*)(out + (size_t)r * kZ), wp.z);
+      _mm512_store_ps((float*)(out + (size_t)(kRows + r) * kZ), _mm512_permutexvar_ps(idx_d, wp.hdr));
+      if constexpr (F::kMin) {
+        mvec = _mm512_mask_permutexvar_ps(mvec, pair_lanes(p, has_b1), idx_m, wp.hdr);
+        if ((p & 7) == 7 || p == np - 1) {
+          _mm512_store_ps(m + (p & ~(int64_t)7) * 2, mvec);
+          mvec = _mm512_setzero_ps();
+        }
+      }
+    }
+  }
+}
+
+// y[t][r] for the 4 packed rows (nr valid) and NT tokens (a[0..NT-1]).
+template <GgmlType T, int NT>
+inline void tile(const uint8_t* pack, const uint8_t* const* a, int64_t np, int64_t nbp, int nr, float* y,
+                 int64_t ldy) {
+  constexpr size_t kAct = act_pair_bytes<T>();
+  __m512 acc[kRows][NT];
+  for (int r = 0; r < kRows; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < np; ++p) {
+    const uint8_t* g = pack + (size_t)p * kPackPair;
+    __m512i wz[kRows];
+    for (int r = 0; r < kRows; ++r) wz[r] = _mm512_load_si512((const void*)(g + (size_t)r * kZ));
+    for (int t = 0; t < NT; ++t) {
+      const uint8_t* ap = a[t] + (size_t)p * kAct;
+      const __m512i av = _mm512_load_si512((const void*)ap);
+      const __m512 da = _mm512_load_ps((const float*)(ap + kZ));
+      const __m512i init =
+          Fmt<T>::kOffset ? _mm512_load_si512((const void*)(ap + 2 * kZ)) : _mm512_setzero_si512();
+      for (int r = 0; r < kRows; ++r) {
+        const __m512i isum = _mm512_dpbusd_epi32(init, wz[r], av);
+        const __m512 dwv = _mm512_load_ps((const float*)(g + (size_t)(kRows + r) * kZ));
+        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dwv, da), acc[r][t]);
+      }
+    }
+  }
+  __m512 v[16];
+  for (int r = 0; r < kRows; ++r) {
+    for (int t = 0; t < kToks; ++t) {
+      if (t >= NT) {
+        v[4 * r + t] = _mm512_setzero_ps();
+        continue;
+      }
+      v[4 * r + t] = acc[r][t];
+      if constexpr (Fmt<T>::kMin) {  // + sum_b m_b * s_b, 16 blocks at a time as gemv_rows does
+        const float* m = (const float*)(pack + (size_t)np * kPackPair) + (size_t)r * nbp;
+        const float* s = (const float*)(a[t] + (size_t)np * kAct);
+        __m512 macc = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nbp; b += 16) macc = _mm512_fmadd_ps(_mm512_load_ps(m + b), _mm512_load_ps(s + b), macc);
+        v[4 * r + t] = _mm512_add_ps(v[4 * r + t], macc);
+      }
+    }
+  }
+  const __m512 sums = reduce16(v);  // lane 4 * t + r = output (r, t)
+  const __mmask16 rows_valid = (__mmask16)((1u << nr) - 1);
+  for (int t = 0; t < NT; ++t)
+    _mm_mask_storeu_ps(y + t * ldy, rows_valid, _mm512_extractf32x4_ps(sums, t));
+}
+
+template <GgmlType T>
+void compute(const WeightMatrix& w, const uint8_t* act, size_t act_stride, int64_t r0, int64_t r1, int64_t t0,
+             int64_t t1, float* y, int64_t ldy, uint8_t* work) {
+  if (t1 - t0 == 1) {
+    gemv<T>(w, act + (size_t)t0 * act_stride, r0, r1, y + t0 * ldy);
+    return;
+  }
+  const int64_t np = n_pairs(w.n_in), nbp = padded_blocks(w.n_in);
+  for (int64_t g = r0; g < r1; g += kRows) {
+    const int nr = (int)(r1 - g < kRows ? r1 - g : kRows);
+    pack_rows<T>(w, g, nr, work);
+    for (int64_t t = t0; t < t1; t += kToks) {
+      const int nt = (int)(t1 - t < kToks ? t1 - t : kToks);
+      const uint8_t* a[kToks];
+      for (int i = 0; i < kToks; ++i) a[i] = act + (size_t)(t + (i < nt ? i : 0)) * act_stride;
+      float* yt = y + t * ldy + g;
+      switch (nt) {
+        case 4: tile<T, 4>(work, a, np, nbp, nr, yt, ldy); break;
+        case 3: tile<T, 3>(work, a, np, nbp, nr, yt, ldy); break;
+        case 2: tile<T, 2>(work, a, np, nbp, nr, yt, ldy); break;
+        default: tile<T, 1>(work, a, np, nbp, nr, yt, ldy); break;
+      }
+    }
+  }
+}
+
+template <GgmlType T>
+MatmulKernel make_kernel() {
+  MatmulKernel k;
+  k.act_row_bytes = act_bytes<T>;
+  k.prepare_act = prepare_act<T>;
+  k.work_bytes = work_bytes<T>;
+  k.compute = compute<T>;
+  return k;
+}
+
+}  // namespace
+
+MatmulKernel avx512_kernel(GgmlType type) {
+  switch (type) {
+    case GgmlType::Q4_0: return make_kernel<GgmlType::Q4_0>();
+    case GgmlType::Q4_1: return make_kernel<GgmlType::Q4_1>();
+    case GgmlType::Q5_0: return make_kernel<GgmlType::Q5_0>();
+    case GgmlType::Q5_1: return make_kernel<GgmlType::Q5_1>();
+    case GgmlType::Q8_0: return make_kernel<GgmlType::Q8_0>();
+    default: return {};
+  }
+}
+
+// The f32/f16 helpers are short vectors (head_dim); the AVX2 versions are as fast here.
+const VectorKernels& avx512_vector_kernels() { return avx2_vector_kernels(); }
+
 }  // namespace kvzap::kernels

@@ -23,22 +23,29 @@ void page_to_f32(const uint16_t* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; i++) dst[i] = (float)h[i];
 }
 
+// Keys of one page, transposed to [D][P] so a row's scores against the whole page are P lanes.
 KVZAP_CLONES
-void scores_page(const float* q, int64_t q_stride, int rows, const int64_t* visible, const float* kf,
+void page_keys_transposed(const uint16_t* src, float* dst, int64_t nj, int d) {
+  const _Float16* h = reinterpret_cast<const _Float16*>(src);
+  constexpr int P = KvCache::kPageTokens;
+  for (int64_t j = 0; j < P; j++)
+    for (int i = 0; i < d; i++) dst[i * P + j] = j < nj ? (float)h[j * d + i] : 0.0f;
+}
+
+KVZAP_CLONES
+void scores_page(const float* q, int64_t q_stride, int rows, const int64_t* visible, const float* kt,
                  int64_t j0, int64_t nj, int d, float* scores, int64_t s_stride) {
+  constexpr int P = KvCache::kPageTokens;
   for (int r = 0; r < rows; r++) {
     const float* qr = q + r * q_stride;
-    float* sr = scores + r * s_stride;
-    const int64_t jmax = std::min<int64_t>(nj, visible[r] - j0);
-    for (int64_t j = 0; j < jmax; j++) {
-      const float* kj = kf + j * d;
-      float acc[16] = {0};
-      for (int i = 0; i < d; i += 16)
-        for (int l = 0; l < 16; l++) acc[l] += qr[i + l] * kj[i + l];
-      float s = 0;
-      for (int l = 0; l < 16; l++) s += acc[l];
-      sr[j0 + j] = s;
+    float acc[P] = {0};
+    for (int i = 0; i < d; i++) {
+      const float qi = qr[i];
+      for (int j = 0; j < P; j++) acc[j] += qi * kt[i * P + j];
     }
+    const int64_t jmax = std::min<int64_t>(nj, visible[r] - j0);
+    float* sr = scores + r * s_stride + j0;
+    for (int64_t j = 0; j < jmax; j++) sr[j] = acc[j];
   }
 }
 
@@ -46,28 +53,66 @@ KVZAP_CLONES
 void accumulate_page(const float* probs, int64_t s_stride, int rows, const int64_t* visible, const float* vf,
                      int64_t j0, int64_t nj, int d, float* out, int64_t out_stride) {
   for (int r = 0; r < rows; r++) {
-    const float* pr = probs + r * s_stride;
+    const float* pr = probs + r * s_stride + j0;
     float* o = out + r * out_stride;
     const int64_t jmax = std::min<int64_t>(nj, visible[r] - j0);
+    if (d == 64) {  // the common head size: keep the output row in registers
+      float acc[64];
+      for (int i = 0; i < 64; i++) acc[i] = o[i];
+      for (int64_t j = 0; j < jmax; j++) {
+        const float p = pr[j];
+        const float* vj = vf + j * 64;
+        for (int i = 0; i < 64; i++) acc[i] += p * vj[i];
+      }
+      for (int i = 0; i < 64; i++) o[i] = acc[i];
+      continue;
+    }
     for (int64_t j = 0; j < jmax; j++) {
-      const float p = pr[j0 + j];
+      const float p = pr[j];
       const float* vj = vf + j * d;
       for (int i = 0; i < d; i++) o[i] += p * vj[i];
     }
   }
 }
 
+// exp for the softmax: Cody-Waite reduction + degree-6 polynomial (rel. error ~2e-7), written so the
+// compiler vectorises it (std::exp does not vectorise without -ffast-math).
+inline float fast_exp(float x) {
+  x = std::max(-87.0f, std::min(88.0f, x));
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t e = ((int32_t)n + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &e, 4);
+  return p * scale;
+}
+
 KVZAP_CLONES
 void softmax_row(float* x, int64_t n) {
   float mx = -INFINITY;
   for (int64_t i = 0; i < n; i++) mx = std::max(mx, x[i]);
-  float sum = 0;
-  for (int64_t i = 0; i < n; i++) {
-    x[i] = std::exp(x[i] - mx);
-    sum += x[i];
+  float lanes[16] = {0};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int l = 0; l < 16; l++) {
+      x[i + l] = fast_exp(x[i + l] - mx);
+      lanes[l] += x[i + l];
+    }
+  for (; i < n; i++) {
+    x[i] = fast_exp(x[i] - mx);
+    lanes[0] += x[i];
   }
+  float sum = 0;
+  for (int l = 0; l < 16; l++) sum += lanes[l];
   const float inv = 1.0f / sum;
-  for (int64_t i = 0; i < n; i++) x[i] *= inv;
+  for (int64_t k = 0; k < n; k++) x[k] *= inv;
 }
 
 }  // namespace
@@ -83,7 +128,7 @@ void attend(const AttentionBlock& b, const KvCache& cache, int layer, int head, 
   for (int p = 0; p < n_pages; p++) {
     const int64_t j0 = (int64_t)p * P;
     const int64_t nj = std::min<int64_t>(P, max_vis - j0);
-    page_to_f32(cache.page_keys(layer, head, p), kf, nj * d);
+    page_keys_transposed(cache.page_keys(layer, head, p), kf, nj, d);
     scores_page(b.q, b.q_stride, b.rows, b.visible, kf, j0, nj, d, scores, s_stride);
   }
   for (int r = 0; r < b.rows; r++) {

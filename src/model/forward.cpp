@@ -15,22 +15,10 @@ constexpr int kQueryBlock = 16;  // query tokens per attention task (rows = grou
 Forward::Forward(const Model& model, int64_t max_batch, int64_t max_ctx, ThreadPool& pool)
     : model_(model), cfg_(model.config()), pool_(pool), max_batch_(max_batch), max_ctx_(max_ctx) {
   if (cfg_.head_dim % 16 != 0) throw Error("head dimension " + std::to_string(cfg_.head_dim) + " is not a multiple of 16");
-  const int64_t B = max_batch, E = cfg_.n_embd, Dq = (int64_t)cfg_.n_head * cfg_.head_dim,
-                Dkv = (int64_t)cfg_.n_head_kv * cfg_.head_dim, F = cfg_.n_ff;
-  x_.resize(B * E);
-  xn_.resize(B * E);
-  q_.resize(B * Dq);
-  k_.resize(B * Dkv);
-  v_.resize(B * Dkv);
-  attn_.resize(B * Dq);
-  proj_.resize(B * E);
-  gate_.resize(B * F);
-  up_.resize(B * F);
-  pos_.resize(B);
   rope_cos_.resize((size_t)max_ctx * cfg_.head_dim / 2);
   rope_sin_.resize((size_t)max_ctx * cfg_.head_dim / 2);
   rope_table(max_ctx, cfg_.head_dim, cfg_.rope_base, cfg_.rope_freq_scale, rope_cos_.data(), rope_sin_.data());
-  mm_scratch_.reserve(B, std::max<int64_t>(std::max<int64_t>(E, F), Dq));
+  ensure_batch(std::min<int64_t>(max_batch, 64));
   att_rows_ = (int64_t)cfg_.n_group() * kQueryBlock;
   att_scores_.resize(pool.size());
   att_kv_.resize(pool.size());
@@ -44,6 +32,24 @@ Forward::Forward(const Model& model, int64_t max_batch, int64_t max_ctx, ThreadP
     att_out_[t].resize((size_t)att_rows_ * cfg_.head_dim);
     att_visible_[t].resize((size_t)att_rows_);
   }
+}
+
+void Forward::ensure_batch(int64_t n) {
+  if (n <= batch_capacity_) return;
+  const int64_t B = std::min(max_batch_, std::max(n, batch_capacity_ * 2)), E = cfg_.n_embd,
+                Dq = (int64_t)cfg_.n_head * cfg_.head_dim, Dkv = (int64_t)cfg_.n_head_kv * cfg_.head_dim, F = cfg_.n_ff;
+  x_.resize(B * E);
+  xn_.resize(B * E);
+  q_.resize(B * Dq);
+  k_.resize(B * Dkv);
+  v_.resize(B * Dkv);
+  attn_.resize(B * Dq);
+  proj_.resize(B * E);
+  gate_.resize(B * F);
+  up_.resize(B * F);
+  pos_.resize(B);
+  mm_scratch_.reserve(B, std::max<int64_t>(std::max<int64_t>(E, F), Dq));
+  batch_capacity_ = B;
 }
 
 void Forward::run(const int32_t* tokens, int64_t n, KvCache& cache, LogitsMode mode, float* logits,
@@ -69,6 +75,7 @@ void Forward::step(const int32_t* tokens, int64_t n, KvCache& cache, LogitsMode 
   const ModelWeights& w = model_.weights();
   const int64_t E = cfg_.n_embd, D = cfg_.head_dim, H = cfg_.n_head, Hkv = cfg_.n_head_kv;
   const int64_t Dq = H * D, Dkv = Hkv * D, F = cfg_.n_ff;
+  ensure_batch(n);
   const int64_t pos0 = cache.n_past();
   for (int64_t t = 0; t < n; t++) pos_[t] = (int32_t)(pos0 + t);
 

