@@ -8,7 +8,8 @@ kvzap side: `kvzap bench -m M -t T --prefill P --decode D --reps R --json`.
 
 Prints a table with both and the ratios kvzap/llama.cpp (> 1 means kvzap is faster). With --append-md
 it appends a markdown block (machine, versions, exact command, table) to docs/BENCHMARKS.md or --md-file.
-Run it on an otherwise idle machine: the two engines are measured one after the other.
+Run it on an otherwise idle machine: the two engines are measured one after the other, and
+llama.cpp's OpenMP threads spin while waiting, so it loses far more than kvzap when cores are shared.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def bench_llama_cpp(model: Path, threads: int, n_prefill: int, n_decode: int, re
         "prefill_tok_s": n_prefill / best_prefill,
         "decode_tok_s": n_decode / best_decode if n_decode else float("nan"),
         "version": llama_cpp.__version__,
+        "system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip(),
     }
 
 
@@ -98,6 +100,7 @@ def markdown_block(args, llama: dict, kv: dict, model: Path) -> str:
         f"- model: `{model.name}`; prefill {args.prefill} tokens, decode {args.decode} tokens, best of {args.reps}",
         f"- llama-cpp-python {llama['version']}; kvzap isa `{kv.get('isa', '?')}`, "
         f"bandwidth {fmt(kv.get('bandwidth_gb_s'))} GB/s",
+        f"- llama.cpp system info: `{llama['system_info']}`",
         f"- command: `{cmd}`",
         "",
         "| metric | llama.cpp | kvzap | kvzap/llama.cpp |",

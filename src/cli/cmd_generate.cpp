@@ -12,7 +12,7 @@ namespace {
 struct GenerateArgs {
   ModelArgs m;
   PressArgs press;
-  std::string prompt, file, system, context_file;
+  std::string prompt, file, system, context_file, answer_prefix;
   std::vector<std::string> questions;
   bool chat = false, json = false, no_stream = false;
   int n = 256;
@@ -46,7 +46,7 @@ int run_generate(const GenerateArgs& a) {
   if (qa_mode) {
     if (!a.prompt.empty() || !a.file.empty()) throw Error("--context-file replaces -p/-f: ask with --question");
     if (a.questions.empty()) throw Error("--context-file needs at least one --question");
-    cp = build_context_prompt(tok, read_text_file(a.context_file), a.questions, a.chat);
+    cp = build_context_prompt(tok, read_text_file(a.context_file), a.questions, a.chat, a.answer_prefix);
   } else {
     if (!a.questions.empty()) throw Error("--question needs --context-file");
     const std::string prompt = prompt_from(a.prompt, a.file);
@@ -127,6 +127,7 @@ RegisterCommand reg("generate", "generate text from a prompt, or answer question
   sub.add_option("-f,--file", a->file, "read the prompt from a file");
   sub.add_option("--context-file", a->context_file, "a context to compress once, then ask each --question on it");
   sub.add_option("--question", a->questions, "a question about --context-file (repeatable)");
+  sub.add_option("--answer-prefix", a->answer_prefix, "text the answer starts with (after each --question)");
   sub.add_flag("--chat", a->chat, "wrap the prompt in the model's chat template");
   sub.add_option("--system", a->system, "system message (with --chat)");
   sub.add_option("-n,--max-tokens", a->n, "maximum new tokens")->check(CLI::Range(0, 1 << 20));

@@ -279,14 +279,12 @@ inline __m512 reduce16(const __m512* v) {
   return fold_level(g[0], g[1], 3);
 }
 
-// The same folds for v[0], v[4], v[8], v[12] only (the others zero): result lane k = sum of input k.
+// The same folds for 4 vectors; result lane k (k < 4) = sum of v_k.
 inline __m512 reduce4(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
   const __m512 z = _mm512_setzero_ps();
-  const __m512 c0 = fold_level(v0, z, 0), c2 = fold_level(v1, z, 0), c4 = fold_level(v2, z, 0),
-               c6 = fold_level(v3, z, 0);
-  const __m512 e0 = fold_level(c0, z, 1), e1 = fold_level(c2, z, 1), e2 = fold_level(c4, z, 1),
-               e3 = fold_level(c6, z, 1);
-  return fold_level(fold_level(e0, e1, 2), fold_level(e2, e3, 2), 3);
+  const __m512 e = fold_level(fold_level(v0, v1, 0), fold_level(v2, v3, 0), 1);  // 128-bit block k: v_k
+  const __m512 x = fold_level(fold_level(e, z, 2), z, 3);                         // lane 4k: sum of v_k
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), x);
 }
 
 // ---------------------------------------------------------------- decode path (one token)
@@ -330,7 +328,7 @@ struct GemvState {
 };
 
 template <GgmlType T, int NR>
-inline void gemv_rows(const uint8_t* const* rows, const uint8_t* a, int64_t nb, size_t prefetch_distance,
+__attribute__((always_inline)) inline void gemv_rows(const uint8_t* const* rows, const uint8_t* a, int64_t nb, size_t prefetch_distance,
                       float* out) {
   using F = Fmt<T>;
   const int64_t np = n_pairs(nb * kQK);
@@ -433,20 +431,20 @@ inline void tile(const uint8_t* pack, const uint8_t* const* a, int64_t np, int64
     }
   }
   __m512 v[16];
-  for (int r = 0; r < kRows; ++r) {
-    for (int t = 0; t < kToks; ++t) {
-      if (t >= NT) {
-        v[4 * r + t] = _mm512_setzero_ps();
-        continue;
+  for (int r = 0; r < kRows; ++r)
+    for (int t = 0; t < kToks; ++t) v[4 * r + t] = t < NT ? acc[r][t] : _mm512_setzero_ps();
+  if constexpr (Fmt<T>::kMin) {
+    // + sum_b m_b * s_b, 16 blocks at a time as gemv_rows does; one row's NT chains side by side.
+    for (int r = 0; r < kRows; ++r) {
+      const float* m = (const float*)(pack + (size_t)np * kPackPair) + (size_t)r * nbp;
+      __m512 macc[NT];
+      for (int t = 0; t < NT; ++t) macc[t] = _mm512_setzero_ps();
+      for (int64_t b = 0; b < nbp; b += 16) {
+        const __m512 mv = _mm512_load_ps(m + b);
+        for (int t = 0; t < NT; ++t)
+          macc[t] = _mm512_fmadd_ps(mv, _mm512_load_ps((const float*)(a[t] + (size_t)np * kAct) + b), macc[t]);
       }
-      v[4 * r + t] = acc[r][t];
-      if constexpr (Fmt<T>::kMin) {  // + sum_b m_b * s_b, 16 blocks at a time as gemv_rows does
-        const float* m = (const float*)(pack + (size_t)np * kPackPair) + (size_t)r * nbp;
-        const float* s = (const float*)(a[t] + (size_t)np * kAct);
-        __m512 macc = _mm512_setzero_ps();
-        for (int64_t b = 0; b < nbp; b += 16) macc = _mm512_fmadd_ps(_mm512_load_ps(m + b), _mm512_load_ps(s + b), macc);
-        v[4 * r + t] = _mm512_add_ps(v[4 * r + t], macc);
-      }
+      for (int t = 0; t < NT; ++t) v[4 * r + t] = _mm512_add_ps(v[4 * r + t], macc[t]);
     }
   }
   const __m512 sums = reduce16(v);  // lane 4 * t + r = output (r, t)

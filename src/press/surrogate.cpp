@@ -23,7 +23,9 @@
 #define KVZ_INLINE inline __attribute__((always_inline))
 // The 32-byte vector helpers are always inlined, so the "AVX vector return changes the ABI" note
 // about them in the baseline clone is moot.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wpsabi"
+#endif
 
 namespace kvzap {
 namespace dense {

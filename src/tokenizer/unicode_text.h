@@ -19,8 +19,8 @@ enum CharClass : uint8_t {
 // Length of the well-formed UTF-8 sequence starting at s[i] (1..4), or 0 if it is not well formed
 // (bad lead byte, bad continuation, overlong form, surrogate, > U+10FFFF, or cut off by the end).
 size_t utf8_sequence_length(std::string_view s, size_t i);
-// Like utf8_sequence_length, but returns the number of bytes available if s[i..] is a truncated
-// yet so-far valid prefix of a sequence (negated), e.g. -2 for "\xE2\x82" at the end of s.
+// The sequence length if complete, 0 if ill-formed, or -k when s ends k bytes into a sequence that is
+// valid so far (e.g. -2 for "\xE2\x82" at the end of s): what a streaming decoder must hold back.
 int utf8_prefix_state(std::string_view s, size_t i);
 
 // Decodes a sequence already known to be well formed.

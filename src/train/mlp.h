@@ -6,6 +6,8 @@
 // ValidSplit(0.05): those pairs are not trained on). Weights are initialised like PyTorch Linear.
 // Layers run in parallel on a ThreadPool; the result depends only on the seed, never on the thread
 // count (each layer's arithmetic runs on one thread, cross-layer sums run in layer order).
+// Arithmetic is fp32 (the reference moves the module to the data dtype, bf16, before training; spec
+// §3.4 expects small R² differences from that).
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -91,7 +91,8 @@ def find_kvzap_bin() -> Path:
 
 def require_file(path: Path, what: str) -> None:
     if not path.is_file():
-        sys.exit(f"error: {what} not found: {path}")
+        print(f"error: {what} not found: {path}", file=sys.stderr)
+        sys.exit(2)  # 2 = could not run, 1 = a check failed
 
 
 def sha256_file(path: Path) -> str:
@@ -362,6 +363,7 @@ def compare_greedy(checks: Checks, ref_runs: list[dict], got_runs: list[dict]) -
     prompt_ok = 0
     identical = 0
     lines = []
+    divergence_margins = []
     for k, (ref, got) in enumerate(zip(ref_runs, got_runs)):
         same_prompt = [int(t) for t in got.get("prompt_tokens", [])] == ref["prompt_tokens"]
         prompt_ok += same_prompt
@@ -375,6 +377,7 @@ def compare_greedy(checks: Checks, ref_runs: list[dict], got_runs: list[dict]) -
         msg = f"#{k}: first divergence at step {step}"
         if step >= len(a) or step >= len(b):
             msg += f" (one side stopped: llama.cpp {len(a)} tokens, kvzap {len(b)})"
+        divergence_margins.append(ref["margins"][step] if step < len(ref["margins"]) else None)
         if step < len(ref["margins"]):
             msg += f"; llama.cpp margin top1-top2 {ref['margins'][step]:.4f} nats"
             alt = {int(t): lp for t, lp in ref["top5"][step]}
@@ -400,6 +403,10 @@ def compare_greedy(checks: Checks, ref_runs: list[dict], got_runs: list[dict]) -
     )
     for line in lines:
         info(line)
+    div_margins = [m for m in divergence_margins if m is not None]
+    if div_margins:
+        info(f"{len(div_margins)} divergences; llama.cpp top1-top2 margin there: max {max(div_margins):.4f}, "
+             f"{sum(m < NEAR_TIE_NATS for m in div_margins)} below {NEAR_TIE_NATS} nats")
 
 
 def run_kvzap_suite(kv: Kvzap, ref_scoring: dict, ref_greedy: list[dict], workdir: Path, checks: Checks) -> None:

@@ -274,6 +274,56 @@ TEST(Tokenizer, LongInputIsFast) {
   EXPECT_LT(s, 2.0) << ids.size() << " tokens in " << s << " s";
 }
 
+TEST(Tokenizer, RandomTextRoundTripsAndStreams) {
+  REQUIRE_MODEL();
+  // Deterministic random code points from many blocks: ASCII, Latin-1, combining marks, Cyrillic,
+  // CJK, Hangul, emoji, ZWJ/variation selectors, blanks, digits of other scripts, supplementary planes.
+  const std::pair<uint32_t, uint32_t> ranges[] = {
+      {0x20, 0x7E}, {0x09, 0x0D}, {0xA0, 0xFF}, {0x300, 0x36F}, {0x400, 0x4FF}, {0x660, 0x669},
+      {0x2000, 0x206F}, {0x3000, 0x30FF}, {0x4E00, 0x4FFF}, {0xAC00, 0xACFF}, {0x1F300, 0x1F64F},
+      {0xFE00, 0xFE0F}, {0x10000, 0x1007F}, {0xE000, 0xE0FF}};
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  auto next = [&](uint32_t n) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)((state >> 33) % n);
+  };
+  const Tokenizer llama3 = with_pre(PreTokenizer::Llama3), gpt2 = with_pre(PreTokenizer::Gpt2);
+  for (int iter = 0; iter < 300; ++iter) {
+    std::string text;
+    const uint32_t len = 1 + next(40);
+    for (uint32_t i = 0; i < len; ++i) {
+      const auto [lo, hi] = ranges[next(std::size(ranges))];
+      const uint32_t cp = lo + next(hi - lo + 1);
+      if (cp < 0x80) {
+        text += (char)cp;
+      } else if (cp < 0x800) {
+        text += (char)(0xC0 | (cp >> 6));
+        text += (char)(0x80 | (cp & 0x3F));
+      } else if (cp < 0x10000) {
+        text += (char)(0xE0 | (cp >> 12));
+        text += (char)(0x80 | ((cp >> 6) & 0x3F));
+        text += (char)(0x80 | (cp & 0x3F));
+      } else {
+        text += (char)(0xF0 | (cp >> 18));
+        text += (char)(0x80 | ((cp >> 12) & 0x3F));
+        text += (char)(0x80 | ((cp >> 6) & 0x3F));
+        text += (char)(0x80 | (cp & 0x3F));
+      }
+    }
+    ASSERT_TRUE(is_valid_utf8(text));
+    const std::string want = representable(*smollm2(), text);
+    for (const Tokenizer* t : {smollm2(), &llama3, &gpt2}) {
+      const std::vector<int32_t> ids = t->encode(text, false);
+      EXPECT_EQ(t->decode(ids), want) << "'" << show(text) << "'";
+      Utf8Stream st;
+      std::string streamed;
+      for (int32_t id : ids) streamed += st.push(t->token_bytes(id));
+      streamed += st.flush();
+      EXPECT_EQ(streamed, want);
+    }
+  }
+}
+
 TEST(Utf8Stream, HoldsBackSplitCharacters) {
   Utf8Stream st;
   const std::string euro = "\xe2\x82\xac";          // U+20AC, 3 bytes
