@@ -1,5 +1,6 @@
-// AVX2 + FMA + F16C kernels: ggml-format activation quantizers (bit-exact with the scalar reference),
-// one vec-dot per (weight row, token) for every type, and the f32/f16 vector helpers.
+// AVX2 + FMA + F16C kernels for the K formats and the float formats (one vec-dot per (weight row,
+// token), activations in ggml's Q8_K / plain f32), and the f32/f16 vector helpers. The 32-element
+// formats have tiled kernels in gemm_q32_avx2.cpp.
 // Everything here has internal linkage and no standard-library templates are instantiated, so no
 // AVX2-compiled inline function can be picked by the linker for baseline code.
 #include <immintrin.h>
@@ -20,13 +21,6 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-inline float hmax(__m256 v) {
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_max_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 inline float h2f_fast(uint16_t h) { return _cvtsh_ss(h); }  // exact, same as fp16_to_fp32
 inline float bf16_bits_to_f32(uint16_t h) {
   const uint32_t bits = (uint32_t)h << 16;
@@ -35,173 +29,13 @@ inline float bf16_bits_to_f32(uint16_t h) {
   return f;
 }
 
-// 16 bytes of nibbles -> 32 bytes: low nibbles (elements 0..15) then high nibbles (16..31).
-inline __m256i unpack_nibbles(const uint8_t* qs) {
-  const __m128i v = _mm_loadu_si128((const __m128i*)qs);
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
-  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
-}
-
-// 32 bits -> 32 bytes, 0xFF where the bit is set (bit j -> byte j).
-inline __m256i bits_to_bytes(uint32_t bits) {
-  const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-  __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuf);
-  const __m256i bit_of_byte = _mm256_set1_epi64x(0x8040201008040201);
-  v = _mm256_and_si256(v, bit_of_byte);
-  return _mm256_cmpeq_epi8(v, bit_of_byte);
-}
-
-// Sum of u8 x s8 products, in 8 int32 lanes.
-inline __m256i dot_u8s8(__m256i u, __m256i s) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-}
-// Sum of s8 x s8 products (sign trick: |x| * (y with x's sign)).
-inline __m256i dot_s8s8(__m256i x, __m256i y) {
-  return dot_u8s8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
-}
-
-// roundf (half away from zero), exactly: trunc, then step away from zero when |frac| >= 0.5.
-inline __m256 round_half_away(__m256 v) {
-  const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-  const __m256 sign_mask = _mm256_set1_ps(-0.0f);
-  const __m256 frac = _mm256_andnot_ps(sign_mask, _mm256_sub_ps(v, t));
-  const __m256 step = _mm256_or_ps(_mm256_and_ps(v, sign_mask), _mm256_set1_ps(1.0f));
-  return _mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ), step));
-}
-
 inline uint16_t f2h_fast(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }  // RNE, as fp32_to_fp16
 
-// Quantizes 32 floats with the Q8_0 rule (d = amax / 127, q = roundf(x * (1 / d))); returns d and the
-// sum of the quants.
-inline float quantize_block_q8(const float* x, int8_t* qs, int* sum) {
-  const __m256 sign_mask = _mm256_set1_ps(-0.0f);
-  __m256 v[4];
-  __m256 amax = _mm256_setzero_ps();
-  for (int k = 0; k < 4; ++k) {
-    v[k] = _mm256_loadu_ps(x + 8 * k);
-    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_mask, v[k]));
-  }
-  const float d = hmax(amax) / 127;
-  const float id = d ? 1.0f / d : 0.0f;
-  const __m256 vid = _mm256_set1_ps(id);
-  __m256i q[4];
-  for (int k = 0; k < 4; ++k) q[k] = _mm256_cvttps_epi32(round_half_away(_mm256_mul_ps(v[k], vid)));
-  const __m256i s32 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-  s = _mm_hadd_epi32(s, s);
-  s = _mm_hadd_epi32(s, s);
-  *sum = _mm_cvtsi128_si32(s);
-  // Pack 32 int32 -> 32 int8; packs interleave 128-bit lanes, the permute restores element order.
-  const __m256i p16a = _mm256_packs_epi32(q[0], q[1]);
-  const __m256i p16b = _mm256_packs_epi32(q[2], q[3]);
-  const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
-  const __m256i fixed = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-  _mm256_storeu_si256((__m256i*)qs, fixed);
-  return d;
-}
-
-size_t act_bytes_q8_0(int64_t n) { return kernel_row_bytes(GgmlType::Q8_0, n); }
-size_t act_bytes_q8_1(int64_t n) { return kernel_row_bytes(GgmlType::Q8_1, n); }
 size_t act_bytes_q8_k(int64_t n) { return kernel_row_bytes(GgmlType::Q8_K, n); }
-
-void prep_q8_0(const float* x, uint8_t* dst, int64_t n) {
-  BlockQ8_0* y = (BlockQ8_0*)dst;
-  for (int64_t b = 0; b < n / kQK; ++b) {
-    int sum;
-    y[b].d = f2h_fast(quantize_block_q8(x + b * kQK, y[b].qs, &sum));
-  }
-}
-
-void prep_q8_1(const float* x, uint8_t* dst, int64_t n) {
-  BlockQ8_1* y = (BlockQ8_1*)dst;
-  for (int64_t b = 0; b < n / kQK; ++b) {
-    int sum;
-    const float d = quantize_block_q8(x + b * kQK, y[b].qs, &sum);
-    y[b].d = f2h_fast(d);
-    y[b].s = f2h_fast((float)sum * d);
-  }
-}
 
 void prep_q8_k(const float* x, uint8_t* dst, int64_t n) { quantize_q8_K_ref(x, (BlockQ8_K*)dst, n); }
 
 // ---------------------------------------------------------------- vec-dots (one row x one token)
-
-float dot_q4_0(const void* wv, const void* av, int64_t n) {
-  const BlockQ4_0* w = (const BlockQ4_0*)wv;
-  const BlockQ8_0* a = (const BlockQ8_0*)av;
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n / kQK; ++b) {
-    const __m256i qw = _mm256_sub_epi8(unpack_nibbles(w[b].qs), _mm256_set1_epi8(8));
-    const __m256i qa = _mm256_loadu_si256((const __m256i*)a[b].qs);
-    const __m256 d = _mm256_set1_ps(h2f_fast(w[b].d) * h2f_fast(a[b].d));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_s8s8(qw, qa)), d, acc);
-  }
-  return hsum(acc);
-}
-
-float dot_q4_1(const void* wv, const void* av, int64_t n) {
-  const BlockQ4_1* w = (const BlockQ4_1*)wv;
-  const BlockQ8_1* a = (const BlockQ8_1*)av;
-  __m256 acc = _mm256_setzero_ps();
-  float summs = 0;
-  for (int64_t b = 0; b < n / kQK; ++b) {
-    summs += h2f_fast(w[b].m) * h2f_fast(a[b].s);
-    const __m256i qw = unpack_nibbles(w[b].qs);
-    const __m256i qa = _mm256_loadu_si256((const __m256i*)a[b].qs);
-    const __m256 d = _mm256_set1_ps(h2f_fast(w[b].d) * h2f_fast(a[b].d));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(qw, qa)), d, acc);
-  }
-  return hsum(acc) + summs;
-}
-
-inline uint32_t load_u32(const uint8_t* p) {
-  uint32_t v;
-  __builtin_memcpy(&v, p, 4);
-  return v;
-}
-
-float dot_q5_0(const void* wv, const void* av, int64_t n) {
-  const BlockQ5_0* w = (const BlockQ5_0*)wv;
-  const BlockQ8_0* a = (const BlockQ8_0*)av;
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n / kQK; ++b) {
-    const __m256i hi = _mm256_and_si256(bits_to_bytes(load_u32(w[b].qh)), _mm256_set1_epi8(0x10));
-    const __m256i qw = _mm256_sub_epi8(_mm256_or_si256(unpack_nibbles(w[b].qs), hi), _mm256_set1_epi8(16));
-    const __m256i qa = _mm256_loadu_si256((const __m256i*)a[b].qs);
-    const __m256 d = _mm256_set1_ps(h2f_fast(w[b].d) * h2f_fast(a[b].d));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_s8s8(qw, qa)), d, acc);
-  }
-  return hsum(acc);
-}
-
-float dot_q5_1(const void* wv, const void* av, int64_t n) {
-  const BlockQ5_1* w = (const BlockQ5_1*)wv;
-  const BlockQ8_1* a = (const BlockQ8_1*)av;
-  __m256 acc = _mm256_setzero_ps();
-  float summs = 0;
-  for (int64_t b = 0; b < n / kQK; ++b) {
-    summs += h2f_fast(w[b].m) * h2f_fast(a[b].s);
-    const __m256i hi = _mm256_and_si256(bits_to_bytes(load_u32(w[b].qh)), _mm256_set1_epi8(0x10));
-    const __m256i qw = _mm256_or_si256(unpack_nibbles(w[b].qs), hi);
-    const __m256i qa = _mm256_loadu_si256((const __m256i*)a[b].qs);
-    const __m256 d = _mm256_set1_ps(h2f_fast(w[b].d) * h2f_fast(a[b].d));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(qw, qa)), d, acc);
-  }
-  return hsum(acc) + summs;
-}
-
-float dot_q8_0(const void* wv, const void* av, int64_t n) {
-  const BlockQ8_0* w = (const BlockQ8_0*)wv;
-  const BlockQ8_0* a = (const BlockQ8_0*)av;
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n / kQK; ++b) {
-    const __m256i qw = _mm256_loadu_si256((const __m256i*)w[b].qs);
-    const __m256i qa = _mm256_loadu_si256((const __m256i*)a[b].qs);
-    const __m256 d = _mm256_set1_ps(h2f_fast(w[b].d) * h2f_fast(a[b].d));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_s8s8(qw, qa)), d, acc);
-  }
-  return hsum(acc);
-}
 
 // Q4_K / Q5_K share everything but the 5th bit.
 template <bool kFive>
@@ -342,21 +176,15 @@ void v_f32_to_f16_row(const float* src, uint16_t* dst, int64_t n) {
 
 MatmulKernel avx2_kernel(GgmlType type) {
   MatmulKernel k;
-  switch (partner_type(type)) {
-    case GgmlType::Q8_0: k.act_row_bytes = act_bytes_q8_0; k.prepare_act = prep_q8_0; break;
-    case GgmlType::Q8_1: k.act_row_bytes = act_bytes_q8_1; k.prepare_act = prep_q8_1; break;
-    case GgmlType::Q8_K: k.act_row_bytes = act_bytes_q8_k; k.prepare_act = prep_q8_k; break;
-    default: break;
+  if (MatmulKernel q32 = avx2_q32_kernel(type)) return q32;
+  if (partner_type(type) == GgmlType::Q8_K) {
+    k.act_row_bytes = act_bytes_q8_k;
+    k.prepare_act = prep_q8_k;
   }
   switch (type) {
     case GgmlType::F32: k.compute = compute_rows<dot_float<0>>; break;
     case GgmlType::F16: k.compute = compute_rows<dot_float<1>>; break;
     case GgmlType::BF16: k.compute = compute_rows<dot_float<2>>; break;
-    case GgmlType::Q4_0: k.compute = compute_rows<dot_q4_0>; break;
-    case GgmlType::Q4_1: k.compute = compute_rows<dot_q4_1>; break;
-    case GgmlType::Q5_0: k.compute = compute_rows<dot_q5_0>; break;
-    case GgmlType::Q5_1: k.compute = compute_rows<dot_q5_1>; break;
-    case GgmlType::Q8_0: k.compute = compute_rows<dot_q8_0>; break;
     case GgmlType::Q4_K: k.compute = compute_rows<dot_q45_k<false>>; break;
     case GgmlType::Q5_K: k.compute = compute_rows<dot_q45_k<true>>; break;
     case GgmlType::Q6_K: k.compute = compute_rows<dot_q6_k>; break;

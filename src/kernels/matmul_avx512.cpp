@@ -447,10 +447,10 @@ inline void tile(const uint8_t* pack, const uint8_t* const* a, int64_t np, int64
       for (int t = 0; t < NT; ++t) v[4 * r + t] = _mm512_add_ps(v[4 * r + t], macc[t]);
     }
   }
-  const __m512 sums = reduce16(v);  // lane 4 * t + r = output (r, t)
-  const __mmask16 rows_valid = (__mmask16)((1u << nr) - 1);
-  for (int t = 0; t < NT; ++t)
-    _mm_mask_storeu_ps(y + t * ldy, rows_valid, _mm512_extractf32x4_ps(sums, t));
+  alignas(64) float sums[16];  // [token][row]
+  _mm512_store_ps(sums, reduce16(v));
+  const __mmask8 rows_valid = (__mmask8)((1u << nr) - 1);
+  for (int t = 0; t < NT; ++t) _mm_mask_storeu_ps(y + t * ldy, rows_valid, _mm_load_ps(sums + 4 * t));
 }
 
 template <GgmlType T>

@@ -95,6 +95,11 @@ inline float fast_exp(float x) {
 }
 
 KVZAP_CLONES
+void round_to_f16(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) x[i] = (float)(_Float16)x[i];
+}
+
+KVZAP_CLONES
 void softmax_row(float* x, int64_t n) {
   float mx = -INFINITY;
   for (int64_t i = 0; i < n; i++) mx = std::max(mx, x[i]);
@@ -133,6 +138,7 @@ void attend(const AttentionBlock& b, const KvCache& cache, int layer, int head, 
   }
   for (int r = 0; r < b.rows; r++) {
     softmax_row(scores + r * s_stride, b.visible[r]);
+    if (b.f16_probs) round_to_f16(scores + r * s_stride, b.visible[r]);
     std::fill(b.out + r * b.out_stride, b.out + r * b.out_stride + d, 0.0f);
   }
   for (int p = 0; p < n_pages; p++) {
@@ -158,9 +164,10 @@ void attend_reference(const AttentionBlock& b, const KvCache& cache, int layer, 
     }
     double sum = 0;
     for (double& x : s) sum += (x = std::exp(x - mx));
+    for (double& x : s) x = b.f16_probs ? fp16_to_fp32(fp32_to_fp16((float)(x / sum))) : x / sum;
     for (int i = 0; i < d; i++) {
       double o = 0;
-      for (int64_t j = 0; j < n; j++) o += s[j] / sum * fp16_to_fp32(cache.value_at(layer, head, j)[i]);
+      for (int64_t j = 0; j < n; j++) o += s[j] * fp16_to_fp32(cache.value_at(layer, head, j)[i]);
       b.out[r * b.out_stride + i] = (float)o;
     }
   }

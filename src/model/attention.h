@@ -13,6 +13,9 @@ struct AttentionBlock {
   const int64_t* visible;  // [rows] number of leading stream entries row r may attend to
   float* out;              // [rows][head_dim] (stride out_stride)
   int64_t out_stride;
+  // Round attention probabilities to f16 before weighting the f16 values, as llama.cpp's default
+  // (non-flash) CPU path does; keeps greedy outputs token-identical to it on near-ties.
+  bool f16_probs = false;
 };
 
 // Exact two-pass softmax per row. scores: scratch [rows][max visible]; page_f32: scratch [2][page][head_dim].

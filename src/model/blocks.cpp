@@ -6,7 +6,7 @@ namespace kvzap {
 
 void rmsnorm(const float* x, const float* gain, float* out, int64_t n, float eps) {
   double ss = 0;
-  for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+  for (int64_t i = 0; i < n; i++) ss += (double)(x[i] * x[i]);  // float products, double sum (as ggml)
   const float scale = 1.0f / std::sqrt((float)(ss / n) + eps);
   for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * gain[i];
 }

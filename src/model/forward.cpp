@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/fp16.h"
 #include "model/attention.h"
 #include "model/blocks.h"
 
@@ -164,10 +165,11 @@ void Forward::attention(int layer, int64_t n, KvCache& cache) {
     for (int64_t t = t0; t < t1; t++)
       for (int64_t g = 0; g < G; g++, rows++) {
         const float* src = &q_[(t * H + hk * G + g) * D];
-        for (int64_t i = 0; i < D; i++) qb[rows * D + i] = src[i] * scale;
+        // Queries are rounded to f16 like llama.cpp does before its f16 K dot products.
+        for (int64_t i = 0; i < D; i++) qb[rows * D + i] = fp16_to_fp32(fp32_to_fp16(src[i])) * scale;
         visible[rows] = n_old + t + 1;  // causal: old entries plus new tokens up to t
       }
-    AttentionBlock b{qb, D, rows, visible, ob, D};
+    AttentionBlock b{qb, D, rows, visible, ob, D, /*f16_probs=*/true};
     attend(b, cache, layer, (int)hk, att_scores_[tid].data(), att_kv_[tid].data());
     rows = 0;
     for (int64_t t = t0; t < t1; t++)

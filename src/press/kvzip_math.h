@@ -3,6 +3,7 @@
 // "max over query rows of softmax attention" reduction (spec §1.1, §2.1, §2.2).
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace kvzap {
@@ -65,5 +66,13 @@ void attention_column_max(const ColumnMaxProblem& p, ThreadPool& pool, ColumnMax
 
 // Transposes n rows of d floats (row i at src + i * stride) into dst [d][n].
 void transpose_rows(const float* src, int64_t stride, int64_t n, int64_t d, float* dst);
+
+}  // namespace kvzap
+
+namespace kvzap {
+
+// Writes a little-endian float32 .npy file (format 1.0) of the given shape, for offline checks of
+// what a scorer used (kvzap score --dump-layer). Throws kvzap::Error when the file cannot be written.
+void write_npy_f32(const std::string& path, const float* data, const std::vector<int64_t>& shape);
 
 }  // namespace kvzap

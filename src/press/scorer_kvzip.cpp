@@ -9,7 +9,11 @@
 // original KVzip code does, instead of being force-evicted because it is never scored (spec §1.5 quirk).
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <limits>
+
+#include <nlohmann/json.hpp>
 
 #include "common/fp16.h"
 #include "engine/session.h"
@@ -20,18 +24,6 @@ namespace kvzap {
 
 namespace {
 
-#define KVZAP_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-
-KVZAP_CLONES
-float dot64(const float* a, const float* b, int d) {
-  float acc[16] = {0};
-  for (int i = 0; i < d; i += 16)
-    for (int l = 0; l < 16; l++) acc[l] += a[i + l] * b[i + l];
-  float s = 0;
-  for (int l = 0; l < 16; l++) s += acc[l];
-  return s;
-}
-
 constexpr int kSinks = 4;
 constexpr int kChunk = 2048;
 constexpr int kPrevTail = 8;
@@ -39,28 +31,6 @@ constexpr int kPrevTail = 8;
 }  // namespace
 
 KvzipScorer::KvzipScorer(const Model& model, bool plus) : model_(model), plus_(plus) {}
-
-void KvzipScorer::prepare_output_norms() {
-  // Gram matrices M_q = W_O^(q)^T W_O^(q) per layer and query head: ||W_O^(q) v||^2 = v^T M_q v.
-  if (!gram_.empty()) return;
-  const ModelConfig& c = model_.config();
-  const int D = c.head_dim, H = c.n_head, E = c.n_embd;
-  gram_.assign((size_t)c.n_layer, std::vector<double>((size_t)H * D * D, 0.0));
-  std::vector<float> row((size_t)H * D);
-  for (int l = 0; l < c.n_layer; l++) {
-    const WeightMatrix& wo = model_.weights().layers[l].wo;  // [E rows][H*D]
-    std::vector<double>& g = gram_[l];
-    for (int e = 0; e < E; e++) {
-      dequantize_row(wo.type, wo.data + (size_t)e * wo.row_stride, row.data(), (int64_t)H * D);
-      for (int q = 0; q < H; q++) {
-        const float* r = &row[(size_t)q * D];
-        double* m = &g[(size_t)q * D * D];
-        for (int a = 0; a < D; a++)
-          for (int b = 0; b < D; b++) m[a * D + b] += (double)r[a] * r[b];
-      }
-    }
-  }
-}
 
 std::vector<int32_t> KvzipScorer::repeat_prompt(const std::vector<int32_t>& prev_tail, bool first) const {
   const Tokenizer& tok = model_.tokenizer();
@@ -79,7 +49,7 @@ void KvzipScorer::score_context(ContextView& ctx, CacheScores& out) {
   const Tokenizer& tok = model_.tokenizer();
   const std::vector<int32_t>& ids = ctx.context_ids;
   const int64_t n_ctx = (int64_t)ids.size();
-  if (plus_) prepare_output_norms();
+  if (plus_ && !norms_) norms_ = std::make_unique<OutputNorms>(model_);
 
   // Template pieces around the user content: the prefix is protected, the suffix (end of user turn +
   // assistant header) follows each repeat instruction.
@@ -91,14 +61,14 @@ void KvzipScorer::score_context(ContextView& ctx, CacheScores& out) {
   const std::vector<int32_t> suffix = tok.encode(rendered.substr(at + marker.size()), false, true);
   int64_t start = 0;
   if ((int64_t)prefix.size() <= n_ctx && std::equal(prefix.begin(), prefix.end(), ids.begin())) start = (int64_t)prefix.size();
+  protected_ = std::max<int64_t>(start, std::min<int64_t>(kSinks, n_ctx));
 
   out.assign(c.n_layer, std::vector<std::vector<float>>(c.n_head_kv));
   for (int l = 0; l < c.n_layer; l++)
     for (int h = 0; h < c.n_head_kv; h++) {
       if (cache.length(l, h) != n_ctx) throw Error("KVzip needs the full context in the cache before scoring");
       out[l][h].assign((size_t)n_ctx, 0.0f);
-      for (int64_t i = 0; i < std::max<int64_t>(start, std::min<int64_t>(kSinks, n_ctx)); i++)
-        out[l][h][i] = std::numeric_limits<float>::infinity();
+      for (int64_t i = 0; i < protected_; i++) out[l][h][i] = std::numeric_limits<float>::infinity();
     }
 
   for (int64_t c0 = start; c0 < n_ctx; c0 += kChunk) {
@@ -115,8 +85,8 @@ void KvzipScorer::score_context(ContextView& ctx, CacheScores& out) {
       throw Error("KVzip scoring needs a batch of at least " + std::to_string(n_in) + " tokens; raise -b");
     ChunkObserver obs(*this, out, c0, c1, n_ctx, n_in);
     obs.pool_ptr = &s.forward().pool();
-    std::vector<float> logits((size_t)c.n_vocab);
-    s.forward().run(input.data(), n_in, cache, LogitsMode::None, logits.data(), &obs);
+    obs.dump = dump_layer_ >= 0 && c0 == start;
+    s.forward().run(input.data(), n_in, cache, LogitsMode::None, nullptr, &obs);
     cache.truncate((int32_t)n_ctx);
   }
 }
@@ -128,82 +98,112 @@ void KvzipScorer::ChunkObserver::after_attention(const LayerStep& st, KvCache& c
   const int64_t ns = std::min<int64_t>(kSinks, c0);  // sink keys before the chunk
   const int64_t m = c1 - c0;
   const int64_t nk = ns + m + n_in;  // reduced key set: sinks | chunk | own input
-  const float scale = 1.0f / std::sqrt((float)D);
   ThreadPool& pool = *pool_ptr;
+  const bool dumping = dump && l == sc.dump_layer_;
 
-  // Inverse row norms of the attention inputs (KVzip+).
-  std::vector<float> inv_hnorm((size_t)n_in, 1.0f);
-  if (sc.plus_)
-    for (int64_t j = 0; j < n_in; j++) {
-      double ss = 0;
-      const float* h = st.h + j * c.n_embd;
-      for (int e = 0; e < c.n_embd; e++) ss += (double)h[e] * h[e];
-      inv_hnorm[j] = (float)(1.0 / std::sqrt(std::max(ss, 1e-30)));
-    }
-
+  // Row factors 1/||h_j|| of the repeat input (KVzip+).
+  std::vector<float> inv_hnorm;
+  if (sc.plus_) {
+    inv_hnorm.resize((size_t)n_in);
+    inverse_row_norms(st.h, n_in, c.n_embd, inv_hnorm.data());
+  }
+  std::vector<std::vector<float>> dump_k, dump_v, dump_s;
+  std::vector<float> kt((size_t)nk * D), vchunk((size_t)m * D), vnorm, scores((size_t)m);
+  if (sc.plus_) vnorm.resize((size_t)G * m);
+  auto slot_of = [&](int64_t i) { return i < ns ? i : (i < ns + m ? c0 + (i - ns) : n_ctx + (i - ns - m)); };
   for (int hk = 0; hk < Hkv; hk++) {
-    // Keys (and, for KVzip+, value contributions per query head) of the reduced set in f32.
-    std::vector<float> K((size_t)nk * D), V((size_t)nk * D);
-    auto slot_of = [&](int64_t i) { return i < ns ? i : (i < ns + m ? c0 + (i - ns) : n_ctx + (i - ns - m)); };
+    // Keys of the reduced set transposed [D][nk]; values of the chunk [m][D] (all in f32).
     for (int64_t i = 0; i < nk; i++) {
       const uint16_t* k = cache.key_at(l, hk, slot_of(i));
-      const uint16_t* v = cache.value_at(l, hk, slot_of(i));
-      for (int d = 0; d < D; d++) {
-        K[i * D + d] = fp16_to_fp32(k[d]);
-        V[i * D + d] = fp16_to_fp32(v[d]);
-      }
+      for (int d = 0; d < D; d++) kt[(size_t)d * nk + i] = fp16_to_fp32(k[d]);
     }
-    // vnorm[g][i] = ||W_O^(q) v_i|| for chunk columns only (the only ones scored).
-    std::vector<float> vnorm((size_t)G * m, 1.0f);
+    for (int64_t i = 0; i < m; i++) {
+      const uint16_t* v = cache.value_at(l, hk, c0 + i);
+      for (int d = 0; d < D; d++) vchunk[(size_t)i * D + d] = fp16_to_fp32(v[d]);
+    }
+    // vnorm[g][i] = ||W_O^(q) v_i|| for the chunk columns only (the only ones scored).
     if (sc.plus_)
-      pool.parallel_for(G * m, [&](int64_t task, int) {
-        const int64_t g = task / m, i = task % m;
-        const double* M = &sc.gram_[l][(size_t)(hk * G + g) * D * D];
-        const float* v = &V[(ns + i) * D];
-        double acc = 0;
-        for (int a = 0; a < D; a++) {
-          double r = 0;
-          for (int b = 0; b < D; b++) r += M[a * D + b] * v[b];
-          acc += v[a] * r;
-        }
-        vnorm[g * m + i] = (float)std::sqrt(std::max(acc, 0.0));
+      pool.parallel_for(G, [&](int64_t g, int) {
+        sc.norms_->norms(l, hk * G + (int)g, vchunk.data(), D, m, &vnorm[(size_t)g * m]);
       });
-    // Column maxima over rows and group heads; each task keeps its own, merged after (max is exact).
-    const int64_t row_block = 64;
-    const int64_t n_rb = (n_in + row_block - 1) / row_block;
-    std::vector<std::vector<float>> colmax((size_t)(G * n_rb), std::vector<float>((size_t)m, 0.0f));
-    pool.parallel_for(G * n_rb, [&](int64_t task, int) {
-      const int64_t g = task / n_rb, rb = task % n_rb;
-      const int q_head = hk * G + (int)g;
-      std::vector<float> logit((size_t)nk);
-      std::vector<float> qs((size_t)D);
-      float* cm = colmax[task].data();
-      for (int64_t j = rb * row_block; j < std::min(n_in, (rb + 1) * row_block); j++) {
-        const float* q = st.q + (j * H + q_head) * D;
-        for (int d = 0; d < D; d++) qs[d] = q[d] * scale;
-        const int64_t visible = ns + m + j + 1;  // causal only inside the input block
-        float mx = -INFINITY;
-        for (int64_t i = 0; i < visible; i++) {
-          logit[i] = dot64(qs.data(), &K[i * D], D);
-          mx = std::max(mx, logit[i]);
-        }
-        double sum = 0;
-        for (int64_t i = 0; i < visible; i++) sum += std::exp((double)(logit[i] - mx));
-        const float inv = (float)(1.0 / sum);
-        const float rowscale = inv * inv_hnorm[j];
-        for (int64_t i = 0; i < m; i++) {
-          const float a = std::exp(logit[ns + i] - mx) * rowscale * vnorm[g * m + i];
-          cm[i] = std::max(cm[i], a);
+    ColumnMaxProblem p;
+    p.q = st.q + (size_t)hk * G * D;
+    p.q_row_stride = (int64_t)H * D;
+    p.q_head_stride = D;
+    p.n_rows = n_in;
+    p.n_group = G;
+    p.head_dim = D;
+    p.keys_t = kt.data();
+    p.n_keys = nk;
+    p.visible0 = ns + m + 1;  // causal only inside the input block
+    p.col0 = ns;
+    p.n_cols = m;
+    p.row_scale = sc.plus_ ? inv_hnorm.data() : nullptr;
+    p.col_scale = sc.plus_ ? vnorm.data() : nullptr;
+    attention_column_max(p, pool, sc.ws_, scores.data());
+    std::vector<float>& dst = out[l][hk];
+    for (int64_t i = 0; i < m; i++)
+      if (!std::isinf(dst[c0 + i])) dst[c0 + i] = scores[i];
+    if (dumping) {
+      std::vector<float> keys((size_t)nk * D), values((size_t)nk * D);
+      for (int64_t i = 0; i < nk; i++) {
+        const uint16_t* k = cache.key_at(l, hk, slot_of(i));
+        const uint16_t* v = cache.value_at(l, hk, slot_of(i));
+        for (int d = 0; d < D; d++) {
+          keys[(size_t)i * D + d] = fp16_to_fp32(k[d]);
+          values[(size_t)i * D + d] = fp16_to_fp32(v[d]);
         }
       }
-    });
-    std::vector<float>& dst = out[l][hk];
-    for (int64_t i = 0; i < m; i++) {
-      float best = 0;
-      for (const auto& cm : colmax) best = std::max(best, cm[i]);
-      if (!std::isinf(dst[c0 + i])) dst[c0 + i] = best;
+      dump_k.push_back(std::move(keys));
+      dump_v.push_back(std::move(values));
+      dump_s.push_back(scores);
     }
   }
+  if (dumping) sc.write_dump(st, ns, m, n_in, c0, c1, dump_k, dump_v, dump_s);
+}
+
+void KvzipScorer::write_dump(const LayerStep& st, int64_t ns, int64_t m, int64_t n_in, int64_t c0, int64_t c1,
+                             const std::vector<std::vector<float>>& keys, const std::vector<std::vector<float>>& values,
+                             const std::vector<std::vector<float>>& scores) const {
+  namespace fs = std::filesystem;
+  const ModelConfig& c = model_.config();
+  const int64_t D = c.head_dim, H = c.n_head, Hkv = c.n_head_kv, E = c.n_embd, nk = ns + m + n_in;
+  const fs::path dir(dump_dir_);
+  auto cat = [&](const std::vector<std::vector<float>>& parts) {
+    std::vector<float> all;
+    for (const auto& p : parts) all.insert(all.end(), p.begin(), p.end());
+    return all;
+  };
+  write_npy_f32((dir / "q.npy").string(), st.q, {n_in, H, D});
+  write_npy_f32((dir / "h.npy").string(), st.h, {n_in, E});
+  write_npy_f32((dir / "keys.npy").string(), cat(keys).data(), {Hkv, nk, D});
+  write_npy_f32((dir / "values.npy").string(), cat(values).data(), {Hkv, nk, D});
+  write_npy_f32((dir / "scores.npy").string(), cat(scores).data(), {Hkv, m});
+  const WeightMatrix& wo = model_.weights().layers[st.layer].wo;
+  std::vector<float> w((size_t)(E * H * D));
+  for (int64_t e = 0; e < E; e++) dequantize_row(wo.type, wo.data + (size_t)e * wo.row_stride, &w[(size_t)(e * H * D)], H * D);
+  write_npy_f32((dir / "wo.npy").string(), w.data(), {E, H * D});
+  nlohmann::json meta = {{"layer", st.layer}, {"plus", plus_}, {"n_sinks", ns}, {"chunk_start", c0}, {"chunk_end", c1},
+                         {"n_in", n_in}, {"n_keys", nk}, {"head_dim", D}, {"n_head", H}, {"n_head_kv", Hkv},
+                         {"n_embd", E}, {"key_order", "sinks | chunk | repeat input"}};
+  std::ofstream f(dir / "meta.json");
+  f << meta.dump(2) << "\n";
+  if (!f) throw Error((dir / "meta.json").string() + ": write failed");
+}
+
+std::optional<double> default_kvzap_threshold(const std::string& surrogate_dir) {
+  namespace fs = std::filesystem;
+  const fs::path p = fs::path(surrogate_dir) / "kvzap.json";
+  std::error_code ec;
+  if (!fs::exists(p, ec)) return std::nullopt;
+  std::ifstream in(p);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) throw Error(p.string() + ": not a JSON object");
+  const auto it = j.find("default_threshold");
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number() || !std::isfinite(it->get<double>()))
+    throw Error(p.string() + ": \"default_threshold\" must be a finite number");
+  return it->get<double>();
 }
 
 namespace {

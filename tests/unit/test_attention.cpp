@@ -10,7 +10,7 @@
 namespace kvzap {
 namespace {
 
-void check_attention(int head_dim, int64_t n_entries, int rows) {
+void check_attention(int head_dim, int64_t n_entries, int rows, bool f16_probs = false) {
   KvCache cache(1, 2, head_dim);
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -28,14 +28,15 @@ void check_attention(int head_dim, int64_t n_entries, int rows) {
   for (int r = 0; r < rows; r++) visible[r] = std::max<int64_t>(1, n_entries - (rows - 1 - r) * 3);
   std::vector<float> out((size_t)rows * head_dim), ref((size_t)rows * head_dim);
   std::vector<float> scores((size_t)rows * n_entries), page((size_t)KvCache::kPageTokens * head_dim);
-  AttentionBlock b{q.data(), head_dim, rows, visible.data(), out.data(), head_dim};
+  AttentionBlock b{q.data(), head_dim, rows, visible.data(), out.data(), head_dim, f16_probs};
   attend(b, cache, 0, 1, scores.data(), page.data());
-  AttentionBlock br{q.data(), head_dim, rows, visible.data(), ref.data(), head_dim};
+  AttentionBlock br{q.data(), head_dim, rows, visible.data(), ref.data(), head_dim, f16_probs};
   attend_reference(br, cache, 0, 1);
   for (size_t i = 0; i < out.size(); i++) ASSERT_NEAR(out[i], ref[i], 2e-5f + 2e-5f * std::fabs(ref[i])) << "at " << i;
 }
 
 TEST(Attention, MatchesReferenceHead64) { check_attention(64, 200, 9); }
+TEST(Attention, MatchesReferenceWithF16Probabilities) { check_attention(64, 300, 6, true); }
 TEST(Attention, MatchesReferenceHead128PartialPage) { check_attention(128, 37, 5); }
 TEST(Attention, SingleEntry) { check_attention(64, 1, 1); }
 
