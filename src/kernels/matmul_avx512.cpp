@@ -188,8 +188,15 @@ template <GgmlType T> constexpr int kHdrM0 = 1;
 template <GgmlType T> constexpr int kHdrM1 = Fmt<T>::kBytes / 2 + 1;
 template <> constexpr int kHdrD1<GgmlType::Q8_0> = 1;  // Q8_0 assembles its two scales itself
 
+// Pairs [0, full_load_pairs) can be read with one unmasked 64-byte load without leaving the row.
 template <GgmlType T>
-inline WeightPair load_pair(const uint8_t* row, int64_t p, bool has_b1, bool last_pair) {
+inline int64_t full_load_pairs(int64_t nb) {
+  const int64_t row_bytes = nb * Fmt<T>::kBytes;
+  return row_bytes >= 64 ? (row_bytes - 64) / (2 * Fmt<T>::kBytes) + 1 : 0;
+}
+
+template <GgmlType T>
+inline WeightPair load_pair(const uint8_t* row, int64_t p, bool has_b1, bool masked) {
   using F = Fmt<T>;
   const uint8_t* b0 = row + (size_t)(2 * p) * F::kBytes;
   const uint8_t* b1 = b0 + F::kBytes;
@@ -197,11 +204,11 @@ inline WeightPair load_pair(const uint8_t* row, int64_t p, bool has_b1, bool las
   if constexpr (T == GgmlType::Q4_1 || T == GgmlType::Q5_1) {
     // Headers and nibbles are dword aligned: one load, a dword permute puts both blocks' 16 nibble
     // bytes in each 256-bit half, a per-qword shift exposes the high nibbles in the upper half.
-    // The full 64-byte load stays inside the row except on its last pair; masked loads are much
-    // slower when they miss the cache (measured on Zen 5), so only that pair uses one.
+    // A full 64-byte load would leave the row on its last pair or two (full_load_pairs); masked loads
+    // are much slower when they miss the cache (measured on Zen 5), so only those pairs use one.
     constexpr int kDw = F::kBytes / 4, kQs = T == GgmlType::Q4_1 ? 1 : 2;
     __m512i raw;
-    if (!last_pair) {
+    if (!masked) {
       raw = _mm512_loadu_si512((const void*)b0);
     } else {
       const __mmask16 valid = has_b1 ? (__mmask16)((1u << (2 * kDw)) - 1) : (__mmask16)((1u << kDw) - 1);
@@ -306,7 +313,7 @@ struct GemvState {
   __m512i idx_d, idx_m;
   __m512 acc[NR], macc[NR], mvec[NR];
 
-  template <bool kLastPair>
+  template <bool kMasked>
   inline void step(int64_t p, bool has_b1) {
     constexpr size_t kAct = act_pair_bytes<T>();
     const uint8_t* ap = a + (size_t)p * kAct;
@@ -318,7 +325,7 @@ struct GemvState {
       const char* ahead = (const char*)rows[r] + prefetch_distance + (size_t)(2 * p) * F::kBytes;
       _mm_prefetch(ahead, _MM_HINT_T0);
       if constexpr (2 * F::kBytes > 64) _mm_prefetch(ahead + 2 * F::kBytes - 1, _MM_HINT_T0);
-      const WeightPair w = load_pair<T>(rows[r], p, has_b1, kLastPair);
+      const WeightPair w = load_pair<T>(rows[r], p, has_b1, kMasked);
       const __m512 dwv = _mm512_permutexvar_ps(idx_d, w.hdr);
       const __m512i isum = _mm512_dpbusd_epi32(init, w.z, av);
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dwv, da), acc[r]);
@@ -335,13 +342,14 @@ __attribute__((always_inline)) inline void gemv_rows(const uint8_t* const* rows,
   GemvState<T, NR> st{rows, a, prefetch_distance, d_lane_index<T>(), m_lane_index<T>(), {}, {}, {}};
   for (int r = 0; r < NR; ++r) st.acc[r] = st.macc[r] = st.mvec[r] = _mm512_setzero_ps();
   const float* s = F::kMin ? (const float*)(a + (size_t)np * act_pair_bytes<T>()) : nullptr;
-  // Chunks of 8 pairs = the 16 blocks of one m / s vector; only the row's last pair needs care
-  // (masked load, possibly a missing second block).
+  // Chunks of 8 pairs = the 16 blocks of one m / s vector; only the row's last pair or two need care
+  // (masked loads, possibly a missing second block).
+  const int64_t n_full = full_load_pairs<T>(nb) < np - 1 ? full_load_pairs<T>(nb) : np - 1;
   for (int64_t c = 0; c < np; c += 8) {
     const int64_t end = c + 8 < np ? c + 8 : np;
-    const int64_t plain_end = end < np - 1 ? end : np - 1;
+    const int64_t plain_end = end < n_full ? end : (c > n_full ? c : n_full);
     for (int64_t p = c; p < plain_end; ++p) st.template step<false>(p, true);
-    if (end == np) st.template step<true>(np - 1, 2 * (np - 1) + 1 < nb);
+    for (int64_t p = plain_end; p < end; ++p) st.template step<true>(p, 2 * p + 1 < nb);
     if constexpr (F::kMin) {
       const __m512 sv = _mm512_load_ps(s + 2 * c);
       for (int r = 0; r < NR; ++r) {
@@ -381,6 +389,7 @@ template <GgmlType T>
 void pack_rows(const WeightMatrix& w, int64_t r0, int nr, uint8_t* work) {
   using F = Fmt<T>;
   const int64_t nb = w.n_in / kQK, np = n_pairs(w.n_in), nbp = padded_blocks(w.n_in);
+  const int64_t n_full = full_load_pairs<T>(nb) < np - 1 ? full_load_pairs<T>(nb) : np - 1;
   const __m512i idx_d = d_lane_index<T>();
   const __m512i idx_m = m_lane_index<T>();
   for (int r = 0; r < kRows; ++r) {
@@ -391,7 +400,7 @@ void pack_rows(const WeightMatrix& w, int64_t r0, int nr, uint8_t* work) {
       uint8_t* out = work + (size_t)p * kPackPair;
       const bool has_b1 = 2 * p + 1 < nb;
       WeightPair wp{_mm512_setzero_si512(), _mm512_setzero_ps()};
-      if (row) wp = load_pair<T>(row, p, has_b1, p == np - 1);
+      if (row) wp = load_pair<T>(row, p, has_b1, p >= n_full);
       _mm512_store_si512((void*)(out + (size_t)r * kZ), wp.z);
       _mm512_store_ps((float*)(out + (size_t)(kRows + r) * kZ), _mm512_permutexvar_ps(idx_d, wp.hdr));
       if constexpr (F::kMin) {
