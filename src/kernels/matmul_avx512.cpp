@@ -10,19 +10,22 @@
 //    sum q_w * q_a per 4 bytes; the offsets (-8, -16, +128) are removed exactly by starting the integer
 //    accumulator at -offset * sum(q_a) for that block.
 //  * Per (row, token) a float accumulator takes isum * (d_w * d_a) lane-wise; Q4_1/Q5_1 add
-//    sum_b m_b * s_b afterwards. A 4-row x 4-token tile reuses every unpacked weight pair 4 times.
-//  * Every output element goes through the same instruction sequence wherever it sits in a tile, so
-//    results are independent of thread count and batch size.
+//    sum_b m_b * s_b (16 blocks per vector) afterwards; the 16 lanes are summed by folding halves.
+//  * Prefill: a 4-row x 4-token tile reuses every unpacked weight pair 4 times (rows are packed once
+//    per work item into the thread's workspace and reused for all its tokens).
+//    Decode (one token): rows are read straight from the GGUF data, 4 at a time, with prefetching.
+//  * Every output element goes through the same arithmetic wherever it sits in a tile and on either
+//    path, so results are bit-identical across thread counts and batch sizes (decode == prefill).
 // Internal linkage throughout and no standard-library templates: nothing AVX-512-compiled can be
 // shared with baseline code by the linker.
 #include <immintrin.h>
 
 #include "kernels/kernel_table.h"
+#include "kernels/quant_blocks.h"
 
 // GCC 12 reports its own intrinsic headers (_mm512_reduce_*, undefined vectors) as uninitialized.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
-#include "kernels/quant_blocks.h"
 
 namespace kvzap::kernels {
 namespace {

@@ -45,19 +45,31 @@ ThreadPool::~ThreadPool() {
   for (auto& w : workers_) w.join();
 }
 
-void ThreadPool::run_indices(int tid) {
-  const auto& fn = *fn_;
-  const int64_t n = n_;
+// Claims indices of job `generation` one at a time. A claim is a CAS on next_, which also carries the
+// job id, so a worker still holding an old job id can never claim (or run) an index of a newer job.
+void ThreadPool::run_job(uint64_t generation, int tid) {
+  const uint32_t id = (uint32_t)generation;
+  const int slot = (int)(generation & 1);
+  const Fn* fn = job_fn_[slot].load(std::memory_order_acquire);
+  const int64_t n = job_n_[slot].load(std::memory_order_acquire);
+  int64_t cur = next_.load(std::memory_order_acquire);
   for (;;) {
-    const int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
-    if (i >= n) break;
-    try {
-      fn(i, tid);
-    } catch (...) {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (!error_) error_ = std::current_exception();
-      next_.store(n, std::memory_order_relaxed);  // stop handing out work
+    if ((uint32_t)((uint64_t)cur >> 32) != id) return;  // the job is over (a newer one may be running)
+    const int64_t i = cur & 0xffffffff;
+    if (i >= n) return;
+    if (!next_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+    // Claimed: the caller now waits for this index, so fn and n are the live job's.
+    if (!failed_.load(std::memory_order_relaxed)) {
+      try {
+        (*fn)(i, tid);
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!error_) error_ = std::current_exception();
+        failed_.store(true, std::memory_order_relaxed);
+      }
     }
+    remaining_.fetch_sub(1, std::memory_order_acq_rel);
+    cur = next_.load(std::memory_order_acquire);
   }
 }
 
@@ -82,37 +94,51 @@ void ThreadPool::worker_main(int tid) {
     }
     if (stop_.load()) return;
     seen = g;
-    run_indices(tid);
-    remaining_.fetch_sub(1, std::memory_order_release);
+    run_job(g, tid);
   }
 }
 
-void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int)>& fn) {
+void ThreadPool::run_chunk(int64_t n, const Fn& fn) {
+  const uint64_t g = generation_.load(std::memory_order_relaxed) + 1;  // only this thread publishes
+  const int slot = (int)(g & 1);
+  job_fn_[slot].store(&fn, std::memory_order_relaxed);
+  job_n_[slot].store(n, std::memory_order_relaxed);
+  failed_.store(false, std::memory_order_relaxed);
+  remaining_.store(n, std::memory_order_relaxed);
+  next_.store((int64_t)((uint64_t)(uint32_t)g << 32), std::memory_order_release);
+  generation_.store(g);  // seq_cst: publishes the job and orders against sleepers_ below
+  if (sleepers_.load() > 0) {
+    std::lock_guard<std::mutex> lk(mu_);
+    cv_.notify_all();
+  }
+  run_job(g, 0);
+  int spins = 0;
+  while (remaining_.load(std::memory_order_acquire) != 0) {  // indices other threads claimed
+    cpu_relax();
+    if ((++spins & 127) == 0) std::this_thread::yield();  // oversubscribed machine: let them run
+  }
+  if (error_) {
+    std::exception_ptr e;
+    std::swap(e, error_);
+    std::rethrow_exception(e);
+  }
+}
+
+void ThreadPool::parallel_for(int64_t n, const Fn& fn) {
   if (n <= 0) return;
   if (n_threads_ == 1 || n == 1) {
     for (int64_t i = 0; i < n; ++i) fn(i, 0);
     return;
   }
-  fn_ = &fn;
-  n_ = n;
-  next_.store(0, std::memory_order_relaxed);
-  remaining_.store(n_threads_ - 1, std::memory_order_relaxed);
-  generation_.fetch_add(1);  // seq_cst: publishes fn_/n_ and orders against sleepers_ below
-  if (sleepers_.load() > 0) {
-    std::lock_guard<std::mutex> lk(mu_);
-    cv_.notify_all();
+  constexpr int64_t kMaxJob = (int64_t)1 << 30;  // indices must fit the low half of next_
+  if (n <= kMaxJob) {
+    run_chunk(n, fn);
+    return;
   }
-  run_indices(0);
-  int spins = 0;
-  while (remaining_.load(std::memory_order_acquire) != 0) {
-    cpu_relax();
-    if ((++spins & 127) == 0) std::this_thread::yield();  // oversubscribed machine: let workers run
-  }
-  fn_ = nullptr;
-  if (error_) {
-    std::exception_ptr e;
-    std::swap(e, error_);
-    std::rethrow_exception(e);
+  for (int64_t base = 0; base < n; base += kMaxJob) {
+    const int64_t count = std::min(kMaxJob, n - base);
+    const Fn shifted = [&fn, base](int64_t i, int tid) { fn(base + i, tid); };
+    run_chunk(count, shifted);
   }
 }
 

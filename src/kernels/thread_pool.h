@@ -2,6 +2,8 @@
 // parallel_for(n, fn) runs fn(i, thread_id) for i in [0, n) across the caller plus the workers
 // and returns when every index is done. No allocation per call. One job at a time: call it from one
 // thread (the owner), never from inside fn. An exception thrown by fn is rethrown in the caller.
+// The caller never waits for a worker that has not claimed an index: a worker that wakes late (or is
+// descheduled on a busy machine) finds the job gone and does nothing.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -30,20 +32,24 @@ class ThreadPool {
   static int default_threads();  // physical cores (falls back to hardware_concurrency)
 
  private:
+  using Fn = std::function<void(int64_t, int)>;
   void worker_main(int tid);
-  void run_indices(int tid);
+  void run_job(uint64_t generation, int tid);
+  void run_chunk(int64_t n, const Fn& fn);  // one job of at most kMaxJob indices
   int n_threads_;
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int64_t> next_{0};
-  std::atomic<int> remaining_{0};
+  std::atomic<uint64_t> generation_{0};  // id of the latest published job
+  std::atomic<int64_t> next_{0};         // (job id & 0xffffffff) << 32 | next unclaimed index
+  std::atomic<int64_t> remaining_{0};    // indices of the current job not finished yet
   std::atomic<bool> stop_{false};
-  std::atomic<int> sleepers_{0};  // workers blocked on cv_ (the caller only notifies when > 0)
-  std::exception_ptr error_;      // first exception thrown by fn in this job (guarded by mu_)
-  int64_t n_ = 0;
-  const std::function<void(int64_t, int)>* fn_ = nullptr;
+  std::atomic<bool> failed_{false};      // fn threw: skip the remaining indices
+  std::atomic<int> sleepers_{0};         // workers blocked on cv_ (the caller only notifies when > 0)
+  std::exception_ptr error_;             // first exception thrown by fn in this job (guarded by mu_)
+  // Job descriptors by job id parity: a late worker reading job g's slot can never see job g+1's.
+  std::atomic<int64_t> job_n_[2] = {0, 0};
+  std::atomic<const Fn*> job_fn_[2] = {nullptr, nullptr};
 };
 
 }  // namespace kvzap

@@ -120,7 +120,19 @@ void softmax_row(float* x, int64_t n) {
   for (int64_t k = 0; k < n; k++) x[k] *= inv;
 }
 
+bool use_avx512() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c");
+  return yes;
+}
+
 }  // namespace
+
+namespace avx512 {
+void attention_scores_page(const float* q, int64_t q_stride, int rows, const int64_t* visible, const uint16_t* keys,
+                           int64_t j0, int64_t nj, int d, float* scores, int64_t s_stride);
+void attention_accumulate_page(const float* probs, int64_t s_stride, int rows, const int64_t* visible,
+                               const uint16_t* values, int64_t j0, int64_t nj, int d, float* out, int64_t out_stride);
+}  // namespace avx512
 
 void attend(const AttentionBlock& b, const KvCache& cache, int layer, int head, float* scores, float* page_f32) {
   const int d = cache.head_dim();
@@ -130,9 +142,15 @@ void attend(const AttentionBlock& b, const KvCache& cache, int layer, int head, 
   const int64_t s_stride = max_vis;
   const int n_pages = (int)((max_vis + P - 1) / P);
   float* kf = page_f32;
+  const bool fast = use_avx512() && d % 16 == 0 && d <= 128;
   for (int p = 0; p < n_pages; p++) {
     const int64_t j0 = (int64_t)p * P;
     const int64_t nj = std::min<int64_t>(P, max_vis - j0);
+    if (fast) {
+      avx512::attention_scores_page(b.q, b.q_stride, b.rows, b.visible, cache.page_keys(layer, head, p), j0, nj, d,
+                                    scores, s_stride);
+      continue;
+    }
     page_keys_transposed(cache.page_keys(layer, head, p), kf, nj, d);
     scores_page(b.q, b.q_stride, b.rows, b.visible, kf, j0, nj, d, scores, s_stride);
   }
@@ -144,6 +162,11 @@ void attend(const AttentionBlock& b, const KvCache& cache, int layer, int head, 
   for (int p = 0; p < n_pages; p++) {
     const int64_t j0 = (int64_t)p * P;
     const int64_t nj = std::min<int64_t>(P, max_vis - j0);
+    if (fast) {
+      avx512::attention_accumulate_page(scores, s_stride, b.rows, b.visible, cache.page_values(layer, head, p), j0, nj,
+                                        d, b.out, b.out_stride);
+      continue;
+    }
     page_to_f32(cache.page_values(layer, head, p), kf, nj * d);
     accumulate_page(scores, s_stride, b.rows, b.visible, kf, j0, nj, d, b.out, b.out_stride);
   }

@@ -11,6 +11,8 @@
 
 namespace kvzap {
 
+class ThreadPool;
+
 // kvpress DMSPress semantics with real eviction. Per layer, a window buffer holds the scores of the
 // most recent tokens; when tokens leave it (buffer longer than `window`), every (head, token) among
 // them whose score < threshold (strict) is evicted from the cache at once.
@@ -54,14 +56,53 @@ class ThresholdPress : public Press {
   std::vector<uint8_t> drop_;       // eviction mask scratch
 };
 
-enum class RatioScope { Global, Layer, Head };
+// AdaKv: kvpress AdaKVPress — per layer, the budget of every head pooled and chosen across heads,
+// each head keeping at least kAdaKvSafeguard of its uniform share.
+enum class RatioScope { Global, Layer, Head, AdaKv };
 RatioScope parse_ratio_scope(const std::string& s);  // throws kvzap::Error on an unknown scope
+constexpr double kAdaKvSafeguard = 0.2;  // kvpress alpha_safeguard
+
+// Which entries to evict: drop[layer * n_head_kv + head][slot] != 0.
+using EvictionMask = std::vector<std::vector<uint8_t>>;
+EvictionMask empty_mask(const KvCache& cache);
+// Evicts every marked entry; returns the number removed.
+int64_t evict_marked(KvCache& cache, const EvictionMask& drop);
 
 // Removes the lowest-scored entries: n = floor(ratio * entries) chosen over all layers and heads
 // (Global), per layer (Layer) or per (layer, head) (Head). Ties are broken by (layer, head,
 // position), lowest first, so the choice is deterministic. NaN scores count as lowest.
+// AdaKv follows kvpress AdaKVPress instead: per layer, a head of T entries keeps
+// n_kept = int(T * (1 - ratio)); its int(n_kept * kAdaKvSafeguard) best entries are protected, and
+// the layer's sum of (T - n_kept) is evicted among the rest of all its heads.
 // scores: [layer][head][slot] for every kept entry. Returns the number of entries removed.
 int64_t evict_lowest(KvCache& cache, const CacheScores& scores, double ratio, RatioScope scope);
+// The same choice, as a mask (nothing is evicted).
+void mark_lowest(const KvCache& cache, const CacheScores& scores, double ratio, RatioScope scope, EvictionMask& drop);
+// Marks the n lowest entries of one stream (ties: lowest slot first).
+void mark_lowest_in_stream(const std::vector<float>& scores, int64_t n, std::vector<uint8_t>& drop);
+// Checks that scores has one value per kept entry of the cache; throws kvzap::Error otherwise.
+void check_score_shape(const KvCache& cache, const CacheScores& scores);
+
+// Optional interface of context scorers that need only the cache and what observe_step saw (the
+// kvpress baselines, press/baselines.h). The ratio policy hands them the session's thread pool
+// (idle while observers run), and tests can score a bare KvCache (finish_context without a view).
+class CacheScorer {
+ public:
+  virtual ~CacheScorer() = default;
+  virtual void set_pool(ThreadPool* pool) = 0;  // null: run on the calling thread
+  virtual void score_cache(const KvCache& cache, CacheScores& out) = 0;
+};
+
+// Optional interface of scorers whose kvpress press splits the budget its own way (PyramidKV's
+// per-layer budgets, ChunkKV's whole chunks, AdaKV): the ratio policy lets them choose the evicted
+// entries and ignores the ratio scope.
+class BudgetSplit {
+ public:
+  virtual ~BudgetSplit() = default;
+  virtual std::string budget_name() const = 0;  // shown in the press name instead of the scope
+  // drop comes sized (empty_mask) and all 0; mark the entries to evict.
+  virtual void mark_evictions(const KvCache& cache, const CacheScores& scores, double ratio, EvictionMask& drop) = 0;
+};
 
 // Fixed-ratio policy (kvpress ScorerPress / KVzipPress budgets): scores every context entry, then
 // evicts the lowest fraction once the context is prefilled. Never touches later tokens.
@@ -70,14 +111,15 @@ class RatioPress : public Press {
   RatioPress(std::unique_ptr<Scorer> scorer, const PressOptions& opt);
 
   std::string name() const override;
-  void begin_context(Session& session) override { start_context(); }
+  void begin_context(Session& session) override;
   void end_context(ContextView& ctx) override;
   bool prunes_decoding() const override { return false; }
   void after_attention(const LayerStep& step, KvCache& cache) override;
 
   void start_context();
-  // ctx may be null for per-step scorers (tests). Returns the number of entries removed.
+  // ctx may be null for per-step scorers and CacheScorers (tests). Returns the number of entries removed.
   int64_t finish_context(KvCache& cache, ContextView* ctx);
+  Scorer& scorer() { return *scorer_; }
 
  private:
   std::unique_ptr<Scorer> scorer_;

@@ -15,7 +15,8 @@ RatioScope parse_ratio_scope(const std::string& s) {
   if (s == "global") return RatioScope::Global;
   if (s == "layer") return RatioScope::Layer;
   if (s == "head") return RatioScope::Head;
-  throw Error("unknown ratio scope '" + s + "' (expected global, layer or head)");
+  if (s == "adakv") return RatioScope::AdaKv;
+  throw Error("unknown ratio scope '" + s + "' (expected global, layer, head or adakv)");
 }
 
 namespace {
@@ -25,6 +26,7 @@ const char* scope_name(RatioScope s) {
     case RatioScope::Global: return "global";
     case RatioScope::Layer: return "layer";
     case RatioScope::Head: return "head";
+    case RatioScope::AdaKv: return "adakv";
   }
   return "?";
 }
@@ -44,7 +46,7 @@ bool lower(const Candidate& a, const Candidate& b) {
 int64_t budget(double ratio, int64_t n) { return (int64_t)std::floor(ratio * (double)n); }
 
 // Marks the k lowest candidates in the per-stream masks.
-void mark_lowest(std::vector<Candidate>& cands, int64_t k, std::vector<std::vector<uint8_t>>& drop, int n_head) {
+void mark_k_lowest(std::vector<Candidate>& cands, int64_t k, EvictionMask& drop, int n_head) {
   if (k <= 0) return;
   k = std::min<int64_t>(k, (int64_t)cands.size());
   std::nth_element(cands.begin(), cands.begin() + (k - 1), cands.end(), lower);
@@ -54,17 +56,63 @@ void mark_lowest(std::vector<Candidate>& cands, int64_t k, std::vector<std::vect
   }
 }
 
+float sortable(float v) {
+  // NaN would break the ordering; a scorer that produced one gets its entry evicted first.
+  return std::isnan(v) ? -std::numeric_limits<float>::infinity() : v;
+}
+
 void add_stream(std::vector<Candidate>& cands, const std::vector<float>& s, int l, int h) {
-  for (size_t i = 0; i < s.size(); i++) {
-    // NaN would break the ordering; a scorer that produced one gets its entry evicted first.
-    const float v = std::isnan(s[i]) ? -std::numeric_limits<float>::infinity() : s[i];
-    cands.push_back({v, (int32_t)l, (int32_t)h, (int32_t)i});
+  for (size_t i = 0; i < s.size(); i++) cands.push_back({sortable(s[i]), (int32_t)l, (int32_t)h, (int32_t)i});
+}
+
+// kvpress AdaKVPress for one layer (see evict_lowest in policy.h).
+void mark_adakv_layer(const KvCache& cache, const CacheScores& scores, int l, double ratio, EvictionMask& drop,
+                      std::vector<Candidate>& cands) {
+  const int H = cache.n_head_kv();
+  cands.clear();
+  int64_t n_pruned = 0;
+  std::vector<Candidate> head;
+  for (int h = 0; h < H; h++) {
+    const std::vector<float>& s = scores[(size_t)l][(size_t)h];
+    const int64_t T = (int64_t)s.size();
+    const int64_t n_kept = (int64_t)((double)T * (1.0 - ratio));
+    const int64_t n_safe = (int64_t)((double)n_kept * kAdaKvSafeguard);
+    n_pruned += T - n_kept;
+    head.clear();
+    add_stream(head, s, l, h);
+    // The n_safe best entries (ties: the later slot is the better one, the mirror of eviction order)
+    // are protected: they never become candidates.
+    if (n_safe > 0)
+      std::nth_element(head.begin(), head.begin() + (T - n_safe), head.end(), lower);
+    cands.insert(cands.end(), head.begin(), head.begin() + (T - n_safe));
   }
+  mark_k_lowest(cands, n_pruned, drop, H);
 }
 
 }  // namespace
 
-int64_t evict_lowest(KvCache& cache, const CacheScores& scores, double ratio, RatioScope scope) {
+EvictionMask empty_mask(const KvCache& cache) {
+  const int L = cache.n_layer(), H = cache.n_head_kv();
+  EvictionMask drop((size_t)L * H);
+  for (int l = 0; l < L; l++)
+    for (int h = 0; h < H; h++) drop[(size_t)l * H + h].assign((size_t)cache.length(l, h), 0);
+  return drop;
+}
+
+int64_t evict_marked(KvCache& cache, const EvictionMask& drop) {
+  const int L = cache.n_layer(), H = cache.n_head_kv();
+  if (drop.size() != (size_t)L * H) throw Error("internal: eviction mask for the wrong number of streams");
+  int64_t removed = 0;
+  for (int l = 0; l < L; l++)
+    for (int h = 0; h < H; h++) {
+      const std::vector<uint8_t>& d = drop[(size_t)l * H + h];
+      if ((int64_t)d.size() != cache.length(l, h)) throw Error("internal: eviction mask of the wrong length");
+      if (std::find(d.begin(), d.end(), 1) != d.end()) removed += cache.evict(l, h, d);
+    }
+  return removed;
+}
+
+void check_score_shape(const KvCache& cache, const CacheScores& scores) {
   const int L = cache.n_layer(), H = cache.n_head_kv();
   if (scores.size() != (size_t)L) throw Error("internal: scores for " + std::to_string(scores.size()) + " layers, cache has " + std::to_string(L));
   for (int l = 0; l < L; l++) {
@@ -75,25 +123,35 @@ int64_t evict_lowest(KvCache& cache, const CacheScores& scores, double ratio, Ra
                     std::to_string(cache.length(l, h)) + " entries (layer " + std::to_string(l) + ", head " +
                     std::to_string(h) + ")");
   }
-  if (!(ratio > 0)) return 0;  // ratio 0: the cache is not touched at all
+}
 
-  std::vector<std::vector<uint8_t>> drop((size_t)L * H);
-  for (int l = 0; l < L; l++)
-    for (int h = 0; h < H; h++) drop[(size_t)l * H + h].assign((size_t)cache.length(l, h), 0);
+void mark_lowest_in_stream(const std::vector<float>& scores, int64_t n, std::vector<uint8_t>& drop) {
+  std::vector<Candidate> cands;
+  cands.reserve(scores.size());
+  add_stream(cands, scores, 0, 0);
+  EvictionMask one(1);
+  one[0].swap(drop);
+  mark_k_lowest(cands, n, one, 1);
+  one[0].swap(drop);
+}
 
+void mark_lowest(const KvCache& cache, const CacheScores& scores, double ratio, RatioScope scope, EvictionMask& drop) {
+  check_score_shape(cache, scores);
+  if (!(ratio > 0)) return;  // ratio 0: the cache is not touched at all
+  const int L = cache.n_layer(), H = cache.n_head_kv();
   std::vector<Candidate> cands;
   switch (scope) {
     case RatioScope::Global:
       cands.reserve((size_t)cache.entries_kept());
       for (int l = 0; l < L; l++)
         for (int h = 0; h < H; h++) add_stream(cands, scores[(size_t)l][(size_t)h], l, h);
-      mark_lowest(cands, budget(ratio, (int64_t)cands.size()), drop, H);
+      mark_k_lowest(cands, budget(ratio, (int64_t)cands.size()), drop, H);
       break;
     case RatioScope::Layer:
       for (int l = 0; l < L; l++) {
         cands.clear();
         for (int h = 0; h < H; h++) add_stream(cands, scores[(size_t)l][(size_t)h], l, h);
-        mark_lowest(cands, budget(ratio, (int64_t)cands.size()), drop, H);
+        mark_k_lowest(cands, budget(ratio, (int64_t)cands.size()), drop, H);
       }
       break;
     case RatioScope::Head:
@@ -101,18 +159,21 @@ int64_t evict_lowest(KvCache& cache, const CacheScores& scores, double ratio, Ra
         for (int h = 0; h < H; h++) {
           cands.clear();
           add_stream(cands, scores[(size_t)l][(size_t)h], l, h);
-          mark_lowest(cands, budget(ratio, (int64_t)cands.size()), drop, H);
+          mark_k_lowest(cands, budget(ratio, (int64_t)cands.size()), drop, H);
         }
       break;
+    case RatioScope::AdaKv:
+      for (int l = 0; l < L; l++) mark_adakv_layer(cache, scores, l, ratio, drop, cands);
+      break;
   }
+}
 
-  int64_t removed = 0;
-  for (int l = 0; l < L; l++)
-    for (int h = 0; h < H; h++) {
-      const std::vector<uint8_t>& d = drop[(size_t)l * H + h];
-      if (std::find(d.begin(), d.end(), 1) != d.end()) removed += cache.evict(l, h, d);
-    }
-  return removed;
+int64_t evict_lowest(KvCache& cache, const CacheScores& scores, double ratio, RatioScope scope) {
+  check_score_shape(cache, scores);
+  if (!(ratio > 0)) return 0;
+  EvictionMask drop = empty_mask(cache);
+  mark_lowest(cache, scores, ratio, scope, drop);
+  return evict_marked(cache, drop);
 }
 
 RatioPress::RatioPress(std::unique_ptr<Scorer> scorer, const PressOptions& opt)
@@ -122,9 +183,16 @@ RatioPress::RatioPress(std::unique_ptr<Scorer> scorer, const PressOptions& opt)
 }
 
 std::string RatioPress::name() const {
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "%s (ratio %g, %s)", scorer_name_.c_str(), ratio_, scope_name(scope_));
+  const auto* split = dynamic_cast<const BudgetSplit*>(scorer_.get());
+  const std::string budget = split ? split->budget_name() : scope_name(scope_);
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%s (ratio %g, %s)", scorer_name_.c_str(), ratio_, budget.c_str());
   return buf;
+}
+
+void RatioPress::begin_context(Session& session) {
+  start_context();
+  if (auto* cs = dynamic_cast<CacheScorer*>(scorer_.get())) cs->set_pool(&session.forward().pool());
 }
 
 void RatioPress::start_context() {
@@ -160,17 +228,30 @@ void RatioPress::end_context(ContextView& ctx) { finish_context(ctx.session.cach
 
 int64_t RatioPress::finish_context(KvCache& cache, ContextView* ctx) {
   in_context_ = false;
+  CacheScores scores;
   if (!scorer_->per_step()) {
-    if (!ctx) throw Error("internal: a context scorer needs the context view");
-    CacheScores scores;
-    scorer_->score_context(*ctx, scores);
-    return evict_lowest(cache, scores, ratio_, scope_);
+    auto* cs = dynamic_cast<CacheScorer*>(scorer_.get());
+    if (ctx)
+      scorer_->score_context(*ctx, scores);
+    else if (cs)
+      cs->score_cache(cache, scores);
+    else
+      throw Error("internal: a context scorer needs the context view");
+    if (cs) cs->set_pool(nullptr);  // the session's pool may not outlive this context
+  } else {
+    if (cache.entries_kept() == 0) return 0;
+    // Scores exist only if the press watched the prefill (start_context, then the press as observer).
+    if (recorded_.empty()) throw Error("internal: the ratio press saw no step of the context");
+    scores = std::move(recorded_);
+    recorded_.clear();
   }
-  if (cache.entries_kept() == 0) return 0;
-  // Scores exist only if the press watched the prefill (start_context, then the press as observer).
-  if (recorded_.empty()) throw Error("internal: the ratio press saw no step of the context");
-  CacheScores scores = std::move(recorded_);
-  recorded_.clear();
+  if (auto* split = dynamic_cast<BudgetSplit*>(scorer_.get())) {
+    check_score_shape(cache, scores);
+    if (!(ratio_ > 0)) return 0;
+    EvictionMask drop = empty_mask(cache);
+    split->mark_evictions(cache, scores, ratio_, drop);
+    return evict_marked(cache, drop);
+  }
   return evict_lowest(cache, scores, ratio_, scope_);
 }
 

@@ -360,6 +360,16 @@ CollectReport collect_targets(Session& session, TargetComputer& targets, const s
   rep.windows_done = (int64_t)next;
   rep.records = writer.size();
 
+  if (callback) {  // the start event: window == nullptr, windows_done = already complete
+    CollectEvent ev;
+    ev.windows_done = rep.windows_done;
+    ev.windows_total = rep.windows_total;
+    ev.records = rep.records;
+    if (!callback(ev)) {
+      rep.stopped = next < windows.size();
+      return rep;
+    }
+  }
   const int64_t L = c.n_layer, H = c.n_head_kv, E = c.n_embd;
   std::vector<float> y((size_t)(L * H));
   for (size_t wi = next; wi < windows.size(); wi++) {

@@ -112,11 +112,12 @@ struct CollectEvent {
   int64_t windows_done = 0;   // windows finished (incl. those of earlier runs)
   int64_t windows_total = 0;
   int64_t records = 0;        // records in the file
-  const TextWindow* window = nullptr;  // the window just finished (or skipped)
+  const TextWindow* window = nullptr;  // the window just finished (or skipped); null at the start
   bool skipped = false;
   std::string note;           // why a window was skipped
 };
-// Called after each window; returning false stops the collection (the file stays consistent).
+// Called once before the first window (window == nullptr, windows_done = windows already complete)
+// and after each window; returning false stops the collection (the file stays consistent).
 using CollectCallback = std::function<bool(const CollectEvent&)>;
 
 struct CollectReport {

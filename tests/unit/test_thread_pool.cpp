@@ -36,6 +36,29 @@ TEST(ThreadPool, ManySmallJobsInARow) {
   EXPECT_EQ(total.load(), 5000 * 10);
 }
 
+TEST(ThreadPool, BackToBackJobsNeverMixIndices) {
+  // Jobs of different sizes and functions in quick succession: a worker that is late for one job must
+  // not run indices (or the function) of another.
+  ThreadPool pool(3);
+  std::atomic<int> worker_indices{0};
+  for (int job = 0; job < 20000; ++job) {
+    const int n = 1 + job % 9;
+    std::atomic<int> hits[16] = {};
+    std::atomic<int> bad{0};
+    pool.parallel_for(n, [&](int64_t i, int tid) {
+      if (tid != 0) worker_indices.fetch_add(1);
+      if (i < 0 || i >= n) bad.fetch_add(1);
+      hits[i].fetch_add(1);
+      std::atomic<int> work{0};  // a little work so that workers join in
+      for (int k = 0; k < 300; ++k) work.fetch_add(1, std::memory_order_relaxed);
+    });
+    ASSERT_EQ(bad.load(), 0);
+    for (int i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "job " << job << " index " << i;
+    for (int i = n; i < 16; ++i) ASSERT_EQ(hits[i].load(), 0) << "job " << job << " index " << i;
+  }
+  EXPECT_GT(worker_indices.load(), 0);  // the workers did take part
+}
+
 TEST(ThreadPool, WorkersWakeAfterSleeping) {
   ThreadPool pool(2);
   std::atomic<int> seen_worker{0};

@@ -1,0 +1,111 @@
+// kvzap eval: the offline RULER-style suite under one press at one setting, with the kvpress
+// protocol (context prefilled and compressed once, then question + answer prefix, greedy answer),
+// scored with the task metrics; per-sample, per-task and summary files into --out.
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <optional>
+
+#include "cli/cli_common.h"
+#include "eval/runner.h"
+
+namespace kvzap::cli {
+namespace {
+
+struct EvalArgs {
+  ModelArgs m;
+  PressArgs press;
+  std::string suite = "ruler", out;
+  int64_t length = 0, samples = 20, first_index = 0;
+  std::vector<std::string> tasks;
+  uint64_t seed = 42;
+  bool quiet = false;
+};
+
+// --press none (or no --press) = the full cache.
+std::optional<PressOptions> press_options(const PressArgs& a) {
+  const bool has_t = a.threshold_opt && a.threshold_opt->count() > 0;
+  const bool has_r = a.ratio_opt && a.ratio_opt->count() > 0;
+  if (a.name.empty() || a.name == "none" || a.name == "no_press") {
+    if (has_t || has_r || a.decoding || !a.surrogate.empty())
+      throw Error("--threshold/--ratio/--decode-press/--surrogate need a --press other than none");
+    return std::nullopt;
+  }
+  PressOptions o;
+  o.name = a.name;
+  o.has_threshold = has_t;
+  o.threshold = a.threshold;
+  o.has_ratio = has_r;
+  o.ratio = a.ratio;
+  o.ratio_scope = a.scope;
+  o.window = a.window;
+  o.decoding = a.decoding;
+  o.surrogate_dir = a.surrogate;
+  o.seed = a.seed;
+  return o;
+}
+
+void print_table(const eval::CellResult& cell) {
+  std::printf("%-16s %5s %8s %7s %8s\n", "task", "n", "score", "+-se", "evicted");
+  for (const eval::TaskScore& t : cell.tasks)
+    std::printf("%-16s %5lld %8.2f %7.2f %8.3f\n", t.task.c_str(), (long long)t.n, t.score, t.stderr_score,
+                t.evicted_fraction);
+  std::printf("%-16s %5lld %8.2f %7s %8.3f\n", "average", (long long)cell.outcomes.size(),
+              cell.summary["average"].get<double>(), "", cell.summary["evicted_fraction"].get<double>());
+}
+
+int run_eval(EvalArgs a) {
+  if (a.suite != "ruler") throw Error("unknown suite '" + a.suite + "' (available: ruler)");
+  const std::optional<PressOptions> press = press_options(a.press);
+  auto model = a.m.load_model();
+  // A sample for length N fits N tokens with its answer; KVzip scoring also feeds a repeat of the
+  // context, so leave room for twice that (within what the session accepts).
+  if (a.m.ctx == 0) a.m.ctx = std::max<int64_t>(a.length, std::min<int64_t>(2 * a.length + 256, 4 * (int64_t)model->config().n_ctx_train));
+  Session session(*model, a.m.session_options());
+  const eval::PromptBuilder prompts(model->tokenizer());
+
+  eval::SuiteOptions so;
+  so.tasks = a.tasks;
+  so.length = a.length;
+  so.samples_per_task = a.samples;
+  so.first_index = a.first_index;
+  so.seed = a.seed;
+  so.count_tokens = prompts.counter();
+  if (!a.quiet) std::fprintf(stderr, "generating the suite (length %lld, %lld samples per task)...\n", (long long)a.length, (long long)a.samples);
+  const std::vector<eval::Sample> samples = eval::generate_suite(so);
+
+  const eval::EvalSetup setup{*model, session, prompts, samples,
+                              eval::suite_description(so, samples, model->config().name)};
+  eval::RunOptions run;
+  run.label = "eval " + eval::cell_dir_name(press ? &*press : nullptr);
+  run.quiet = a.quiet;
+  const eval::CellResult cell = eval::run_cell(setup, press ? &*press : nullptr, a.out, run);
+  print_table(cell);
+  if (!a.quiet) {
+    std::fprintf(stderr, "[%zu samples, %s, %d threads; results in %s]\n", cell.outcomes.size(),
+                 format_duration(cell.summary["timings"]["wall_s"].get<double>()).c_str(), session.n_threads(),
+                 a.out.c_str());
+  }
+  return 0;
+}
+
+RegisterCommand reg("eval", "run the offline RULER-style suite under a press and score it", [](CLI::App& sub) {
+  auto a = std::make_shared<EvalArgs>();
+  a->m.add_to(sub);
+  a->press.add_to(sub);
+  sub.add_option("--suite", a->suite, "benchmark suite (ruler)");
+  sub.add_option("--length", a->length, "target prompt length in model tokens, chat template and answer included")
+      ->required()
+      ->check(CLI::Range((int64_t)64, (int64_t)1 << 20));
+  sub.add_option("--samples", a->samples, "samples per task")->check(CLI::Range((int64_t)1, (int64_t)1 << 20));
+  sub.add_option("--first-index", a->first_index, "index of the first sample of each task")
+      ->check(CLI::Range((int64_t)0, (int64_t)1 << 40));
+  sub.add_option("--tasks", a->tasks, "comma-separated task names (default: all 13)")->delimiter(',');
+  sub.add_option("--seed", a->seed, "suite seed");
+  sub.add_option("--out", a->out, "output folder (samples.jsonl, tasks.csv, tasks.json, summary.json)")->required();
+  sub.add_flag("-q,--quiet", a->quiet, "no progress on stderr");
+  return [a]() { return run_eval(*a); };
+});
+
+}  // namespace
+}  // namespace kvzap::cli

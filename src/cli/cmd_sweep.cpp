@@ -1,0 +1,105 @@
+// kvzap sweep: the suite over a grid of presses and settings (plus the full cache), one folder per
+// cell, resumable (a cell with a summary.json is done), then DIR/results.csv with every row.
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+
+#include "cli/cli_common.h"
+#include "eval/runner.h"
+
+namespace kvzap::cli {
+namespace {
+
+struct SweepArgs {
+  ModelArgs m;
+  std::vector<std::string> presses, tasks;
+  std::vector<double> ratios, thresholds;
+  std::string out, scope = "global", surrogate;
+  int64_t length = 0, samples = 20, first_index = 0;
+  uint64_t seed = 42, press_seed = 42;
+  int window = 128;
+  bool decoding = false, no_baseline = false, dry_run = false, quiet = false;
+};
+
+int run_sweep(SweepArgs a) {
+  PressOptions base;
+  base.ratio_scope = a.scope;
+  base.window = a.window;
+  base.decoding = a.decoding;
+  base.seed = a.press_seed;
+  base.surrogate_dir = a.surrogate;
+  const std::vector<PressOptions> cells = eval::plan_sweep(a.presses, a.ratios, a.thresholds, base, !a.no_baseline);
+
+  int pending = 0;
+  for (const PressOptions& c : cells) {
+    const bool done = eval::cell_finished(a.out + "/" + eval::cell_dir_name(&c));
+    pending += !done;
+    if (a.dry_run) std::printf("%-40s %s\n", eval::cell_dir_name(&c).c_str(), done ? "done" : "to run");
+  }
+  if (a.dry_run) {
+    std::printf("%zu cells, %d to run\n", cells.size(), pending);
+    return 0;
+  }
+
+  auto model = a.m.load_model();
+  // A sample for length N fits N tokens with its answer; KVzip scoring also feeds a repeat of the
+  // context, so leave room for twice that (within what the session accepts).
+  if (a.m.ctx == 0) a.m.ctx = std::max<int64_t>(a.length, std::min<int64_t>(2 * a.length + 256, 4 * (int64_t)model->config().n_ctx_train));
+  Session session(*model, a.m.session_options());
+  const eval::PromptBuilder prompts(model->tokenizer());
+  eval::SuiteOptions so;
+  so.tasks = a.tasks;
+  so.length = a.length;
+  so.samples_per_task = a.samples;
+  so.first_index = a.first_index;
+  so.seed = a.seed;
+  so.count_tokens = prompts.counter();
+  if (!a.quiet) std::fprintf(stderr, "generating the suite (length %lld, %lld samples per task)...\n", (long long)a.length, (long long)a.samples);
+  const std::vector<eval::Sample> samples = eval::generate_suite(so);
+  const eval::EvalSetup setup{*model, session, prompts, samples,
+                              eval::suite_description(so, samples, model->config().name)};
+  if (!a.quiet)
+    std::fprintf(stderr, "%zu cells (%d to run) x %zu samples, %d threads\n", cells.size(), pending, samples.size(),
+                 session.n_threads());
+
+  eval::RunOptions run;
+  run.quiet = a.quiet;
+  const eval::SweepResult r = eval::run_sweep(setup, cells, a.out, run);
+  std::printf("%s\n", eval::leaderboard_markdown(r.rows).c_str());
+  std::fprintf(stderr, "[%d cells run, %d already done, %s; %s/results.csv]\n", r.cells_run, r.cells_skipped,
+               format_duration(r.seconds).c_str(), a.out.c_str());
+  return 0;
+}
+
+RegisterCommand reg("sweep", "run the suite over a grid of presses and settings (resumable)", [](CLI::App& sub) {
+  auto a = std::make_shared<SweepArgs>();
+  a->m.add_to(sub);
+  sub.add_option("--presses", a->presses,
+                 "comma-separated presses; kvzap* run by threshold, others by ratio; force with name:ratio or "
+                 "name:threshold")
+      ->required()
+      ->delimiter(',');
+  sub.add_option("--ratios", a->ratios, "comma-separated compression ratios")->delimiter(',')->check(CLI::Range(0.0, 0.999999));
+  sub.add_option("--thresholds", a->thresholds, "comma-separated thresholds (threshold presses)")->delimiter(',');
+  sub.add_option("--length", a->length, "target prompt length in model tokens")
+      ->required()
+      ->check(CLI::Range((int64_t)64, (int64_t)1 << 20));
+  sub.add_option("--samples", a->samples, "samples per task")->check(CLI::Range((int64_t)1, (int64_t)1 << 20));
+  sub.add_option("--first-index", a->first_index, "index of the first sample of each task")
+      ->check(CLI::Range((int64_t)0, (int64_t)1 << 40));
+  sub.add_option("--tasks", a->tasks, "comma-separated task names (default: all 13)")->delimiter(',');
+  sub.add_option("--seed", a->seed, "suite seed");
+  sub.add_option("--out", a->out, "output folder: one subfolder per cell and results.csv")->required();
+  sub.add_option("--window", a->window, "threshold presses never judge the most recent W tokens")->check(CLI::Range(0, 1 << 20));
+  sub.add_option("--ratio-scope", a->scope, "ratio budget: global, layer or head")->check(CLI::IsMember({"global", "layer", "head"}));
+  sub.add_flag("--decode-press", a->decoding, "threshold presses keep pruning question and answer tokens");
+  sub.add_option("--surrogate", a->surrogate, "KVzap surrogate folder (for a sweep with one kvzap press)");
+  sub.add_option("--press-seed", a->press_seed, "seed of the random press");
+  sub.add_flag("--no-baseline", a->no_baseline, "skip the full-cache cell");
+  sub.add_flag("--dry-run", a->dry_run, "list the cells and whether they are done, run nothing");
+  sub.add_flag("-q,--quiet", a->quiet, "no progress on stderr");
+  return [a]() { return run_sweep(*a); };
+});
+
+}  // namespace
+}  // namespace kvzap::cli

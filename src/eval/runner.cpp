@@ -1,0 +1,484 @@
+#include "eval/runner.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <unordered_map>
+
+#include "eval/rng.h"
+#include "kvzap/error.h"
+#include "model/model.h"
+
+namespace kvzap::eval {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+std::string dump(const nlohmann::json& j, int indent = -1) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// Writes via a temporary file and a rename, so a reader (or a resumed sweep) never sees half a file.
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw Error(tmp + ": cannot open for writing");
+    out << text;
+    if (!out.flush()) throw Error(tmp + ": write failed");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw Error(path + ": cannot rename from " + tmp + ": " + ec.message());
+}
+
+nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  try {
+    return nlohmann::json::parse(ss.str());
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(path + ": not valid JSON (" + std::string(e.what()) + ")");
+  }
+}
+
+std::string short_status(const SampleOutcome& o) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%s#%lld %.0f", o.task.c_str(), (long long)o.index, o.score);
+  return buf;
+}
+
+const ScorerEntry* find_scorer(const std::string& name) {
+  for (const ScorerEntry& e : scorer_registry())
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------------------------
+// Prompts.
+
+PromptBuilder::PromptBuilder(const Tokenizer& tok, ChatFormat fmt) : tok_(tok), fmt_(fmt) {
+  ChatOptions o;
+  o.add_generation_prompt = true;
+  o.enable_thinking = false;
+  const std::string sentinel = "@@KVZAP-CONTEXT@@";
+  const std::string rendered = apply_chat_template(fmt, {{"user", sentinel}}, o);
+  const size_t at = rendered.find(sentinel);
+  if (at == std::string::npos) throw Error("chat template dropped the user message");
+  prefix_ = rendered.substr(0, at);
+  suffix_ = rendered.substr(at + sentinel.size());
+}
+
+PromptBuilder::PromptBuilder(const Tokenizer& tok) : PromptBuilder(tok, detect_chat_format(tok.vocab())) {}
+
+std::vector<int32_t> PromptBuilder::context_ids(const std::string& context) const {
+  return tok_.encode(prefix_ + context, tok_.vocab().add_bos);
+}
+
+std::vector<int32_t> PromptBuilder::question_ids(const std::string& question, const std::string& answer_prefix) const {
+  return tok_.encode(question + suffix_ + answer_prefix, false);
+}
+
+TokenCounter PromptBuilder::counter() const {
+  const Tokenizer* t = &tok_;
+  const std::string prefix = prefix_, suffix = suffix_;
+  const bool bos = tok_.vocab().add_bos;
+  return [t, prefix, suffix, bos](const std::string& context, const std::string& question) {
+    return (int64_t)(t->encode(prefix + context, bos).size() + t->encode(question + suffix, false).size());
+  };
+}
+
+// ----------------------------------------------------------------------------------------------
+// Outcomes.
+
+nlohmann::json outcome_to_json(const SampleOutcome& o) {
+  return {{"task", o.task},
+          {"index", o.index},
+          {"prediction", o.prediction},
+          {"answers", o.answers},
+          {"score", o.score},
+          {"evicted_fraction", o.evicted_fraction},
+          {"kv_bytes", o.kv_bytes},
+          {"kv_bytes_full", o.kv_bytes_full},
+          {"evicted_fraction_end", o.evicted_fraction_end},
+          {"kv_bytes_end", o.kv_bytes_end},
+          {"kv_bytes_full_end", o.kv_bytes_full_end},
+          {"context_tokens", o.context_tokens},
+          {"question_tokens", o.question_tokens},
+          {"generated_tokens", o.generated_tokens},
+          {"stop_reason", o.stop_reason},
+          {"context_reused", o.context_reused},
+          {"depths", o.depths},
+          {"timings", {{"context_s", o.context_seconds}, {"question_s", o.question_seconds}, {"decode_s", o.decode_seconds}}}};
+}
+
+SampleOutcome outcome_from_json(const nlohmann::json& j) {
+  SampleOutcome o;
+  try {
+    o.task = j.at("task").get<std::string>();
+    o.index = j.at("index").get<int64_t>();
+    o.prediction = j.at("prediction").get<std::string>();
+    o.answers = j.at("answers").get<std::vector<std::string>>();
+    o.score = j.at("score").get<double>();
+    o.evicted_fraction = j.at("evicted_fraction").get<double>();
+    o.kv_bytes = j.at("kv_bytes").get<int64_t>();
+    o.kv_bytes_full = j.at("kv_bytes_full").get<int64_t>();
+    o.evicted_fraction_end = j.value("evicted_fraction_end", o.evicted_fraction);
+    o.kv_bytes_end = j.value("kv_bytes_end", o.kv_bytes);
+    o.kv_bytes_full_end = j.value("kv_bytes_full_end", o.kv_bytes_full);
+    o.context_tokens = j.at("context_tokens").get<int64_t>();
+    o.question_tokens = j.value("question_tokens", (int64_t)0);
+    o.generated_tokens = j.value("generated_tokens", (int64_t)0);
+    o.stop_reason = j.value("stop_reason", std::string());
+    o.context_reused = j.value("context_reused", false);
+    o.depths = j.value("depths", std::vector<double>());
+    if (j.contains("timings")) {
+      const auto& t = j["timings"];
+      o.context_seconds = t.value("context_s", 0.0);
+      o.question_seconds = t.value("question_s", 0.0);
+      o.decode_seconds = t.value("decode_s", 0.0);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error("sample outcome: " + std::string(e.what()));
+  }
+  return o;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Running samples.
+
+std::vector<SampleOutcome> run_samples(Session& session, Press* press, const PromptBuilder& prompts,
+                                       const std::vector<Sample>& samples, const RunOptions& opt) {
+  // Groups of samples sharing a context, in order of first appearance.
+  std::vector<std::vector<size_t>> groups;
+  {
+    std::unordered_map<std::string_view, size_t> group_of;
+    for (size_t i = 0; i < samples.size(); i++) {
+      auto [it, fresh] = group_of.emplace(samples[i].context, groups.size());
+      if (fresh) groups.emplace_back();
+      groups[it->second].push_back(i);
+    }
+  }
+
+  std::unique_ptr<Progress> own;
+  Progress* progress = opt.progress;
+  if (!progress) {
+    own = std::make_unique<Progress>(opt.label, (int64_t)samples.size(), "sample", 0, opt.quiet ? nullptr : stderr);
+    progress = own.get();
+  }
+
+  const Tokenizer& tok = session.model().tokenizer();
+  std::vector<SampleOutcome> out(samples.size());
+  for (const auto& group : groups) {
+    const std::vector<int32_t> ctx = prompts.context_ids(samples[group.front()].context);
+    std::vector<std::vector<int32_t>> questions;
+    for (size_t i : group) {
+      const Sample& s = samples[i];
+      questions.push_back(prompts.question_ids(s.question, s.answer_prefix));
+      const int64_t need = (int64_t)ctx.size() + (int64_t)questions.back().size() + s.max_new_tokens;
+      if (need > session.n_ctx())
+        throw Error("sample " + s.task + "#" + std::to_string(s.meta.index) + " needs " + std::to_string(need) +
+                    " tokens (context, question, answer), more than the context size of " +
+                    std::to_string(session.n_ctx()) + " (raise -c)");
+    }
+
+    const auto t0 = std::chrono::steady_clock::now();
+    session.prefill_context(ctx, press);
+    const double context_seconds = seconds_since(t0);
+    const double evicted = session.cache().evicted_fraction();
+    const int64_t kv_bytes = session.cache().bytes_resident(), kv_full = session.cache().bytes_full();
+
+    for (size_t k = 0; k < group.size(); k++) {
+      const Sample& s = samples[group[k]];
+      if (k > 0) session.rewind((int64_t)ctx.size());  // drop the previous question and its answer
+      GenerateOptions g;
+      g.max_new_tokens = s.max_new_tokens;
+      g.sampling.temperature = 0;  // greedy, as kvpress
+      const GenerateResult r = session.generate(questions[k], g);
+
+      SampleOutcome& o = out[group[k]];
+      o.task = s.task;
+      o.index = s.meta.index;
+      o.prediction = tok.decode(r.tokens, /*skip_special=*/true);
+      o.answers = s.answers;
+      o.score = score_sample(s.metric, o.prediction, s.answers);
+      o.evicted_fraction = evicted;
+      o.kv_bytes = kv_bytes;
+      o.kv_bytes_full = kv_full;
+      o.evicted_fraction_end = session.cache().evicted_fraction();
+      o.kv_bytes_end = session.cache().bytes_resident();
+      o.kv_bytes_full_end = session.cache().bytes_full();
+      o.context_tokens = (int64_t)ctx.size();
+      o.question_tokens = (int64_t)questions[k].size();
+      o.generated_tokens = (int64_t)r.tokens.size();
+      o.stop_reason = r.stop_reason;
+      o.context_reused = k > 0;
+      o.context_seconds = k == 0 ? context_seconds : 0.0;
+      o.question_seconds = r.prefill_seconds;
+      o.decode_seconds = r.decode_seconds;
+      o.depths = s.meta.depths;
+      if (opt.on_sample) opt.on_sample(o);
+      progress->add(1, (opt.progress ? opt.label + " " : "") + short_status(o));
+    }
+  }
+  if (own) own->finish();
+  return out;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Cells.
+
+std::string press_label(const PressOptions* p) {
+  if (!p || p->name.empty()) return "no_press";
+  std::string s = p->name;
+  if (p->decoding) s += "+decoding";
+  if (p->has_ratio && p->ratio_scope != "global") s += "@" + p->ratio_scope;
+  return s;
+}
+
+std::string setting_kind(const PressOptions* p) {
+  if (!p || p->name.empty()) return "none";
+  return p->has_threshold ? "threshold" : "ratio";
+}
+
+double setting_value(const PressOptions* p) {
+  if (!p || p->name.empty()) return 0;
+  return p->has_threshold ? p->threshold : p->ratio;
+}
+
+std::string cell_dir_name(const PressOptions* p) {
+  if (!p || p->name.empty()) return "no_press";
+  return press_label(p) + "__" + setting_kind(p) + "_" + number(setting_value(p));
+}
+
+bool cell_finished(const std::string& cell_dir) {
+  std::error_code ec;
+  return fs::exists(fs::path(cell_dir) / "summary.json", ec);
+}
+
+CellResult run_cell(const EvalSetup& setup, const PressOptions* press_opt, const std::string& out_dir,
+                    const RunOptions& opt) {
+  const PressOptions* p = press_opt && !press_opt->name.empty() ? press_opt : nullptr;
+  std::unique_ptr<Press> press = p ? make_press(*p, setup.model) : nullptr;
+
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) throw Error(out_dir + ": cannot create folder: " + ec.message());
+  const fs::path dir(out_dir);
+  fs::remove(dir / "summary.json", ec);  // a rerun is unfinished until it ends
+
+  const std::string samples_path = (dir / "samples.jsonl").string();
+  std::ofstream samples_out(samples_path, std::ios::binary | std::ios::trunc);
+  if (!samples_out) throw Error(samples_path + ": cannot open for writing");
+
+  RunOptions run = opt;
+  run.on_sample = [&](const SampleOutcome& o) {
+    samples_out << dump(outcome_to_json(o)) << '\n';
+    samples_out.flush();
+    if (opt.on_sample) opt.on_sample(o);
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  CellResult cell;
+  cell.outcomes = run_samples(setup.session, press.get(), setup.prompts, setup.samples, run);
+  const double wall = seconds_since(t0);
+  samples_out.close();
+
+  std::vector<SampleResult> results;
+  double kv_bytes = 0, kv_full = 0, ctx_tokens = 0, ctx_s = 0, q_s = 0, dec_s = 0, gen = 0, evicted_end = 0;
+  for (const SampleOutcome& o : cell.outcomes) {
+    results.push_back({o.task, o.score, o.evicted_fraction});
+    kv_bytes += (double)o.kv_bytes;
+    kv_full += (double)o.kv_bytes_full;
+    ctx_tokens += (double)o.context_tokens;
+    ctx_s += o.context_seconds;
+    q_s += o.question_seconds;
+    dec_s += o.decode_seconds;
+    gen += (double)o.generated_tokens;
+    evicted_end += o.evicted_fraction_end;
+  }
+  const double n = std::max<double>(1.0, (double)cell.outcomes.size());
+  cell.tasks = aggregate_by_task(results);
+  cell.rows = rows_from_task_scores(press_label(p), setting_kind(p), setting_value(p), cell.tasks);
+  write_results((dir / "tasks.csv").string(), cell.rows);
+  write_results((dir / "tasks.json").string(), cell.rows);
+
+  double evicted = 0;
+  for (const SampleResult& r : results) evicted += r.evicted_fraction;
+  nlohmann::json tasks = nlohmann::json::array();
+  for (const TaskScore& t : cell.tasks)
+    tasks.push_back({{"task", t.task}, {"n", t.n}, {"score", t.score}, {"stderr", t.stderr_score},
+                     {"evicted_fraction", t.evicted_fraction}});
+  nlohmann::json& s = cell.summary;
+  s["press"] = press_label(p);
+  s["press_name"] = p ? p->name : "none";
+  s["setting_kind"] = setting_kind(p);
+  s["setting"] = setting_value(p);
+  if (p) {
+    s["press_options"] = {{"window", p->window}, {"ratio_scope", p->ratio_scope}, {"decoding", p->decoding},
+                          {"seed", p->seed}, {"surrogate", p->surrogate_dir}};
+  }
+  s["suite"] = setup.suite;
+  s["n_samples"] = cell.outcomes.size();
+  s["average"] = suite_average(cell.tasks);
+  s["evicted_fraction"] = evicted / n;
+  s["evicted_fraction_end"] = evicted_end / n;
+  s["kv_bytes_mean"] = kv_bytes / n;
+  s["kv_bytes_full_mean"] = kv_full / n;
+  s["context_tokens_mean"] = ctx_tokens / n;
+  s["generated_tokens_mean"] = gen / n;
+  s["threads"] = setup.session.n_threads();
+  s["timings"] = {{"wall_s", wall}, {"context_s", ctx_s}, {"question_s", q_s}, {"decode_s", dec_s}};
+  s["tasks"] = tasks;
+  write_file_atomically((dir / "summary.json").string(), dump(s, 2) + "\n");
+  return cell;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Sweeps.
+
+std::vector<PressOptions> plan_sweep(const std::vector<std::string>& presses, const std::vector<double>& ratios,
+                                     const std::vector<double>& thresholds, const PressOptions& base,
+                                     bool include_full_cache) {
+  std::vector<PressOptions> cells;
+  if (include_full_cache) cells.push_back(PressOptions{});
+  for (const std::string& spec : presses) {
+    std::string name = spec, forced;
+    if (const size_t colon = spec.rfind(':'); colon != std::string::npos) {
+      name = spec.substr(0, colon);
+      forced = spec.substr(colon + 1);
+      if (forced != "ratio" && forced != "threshold")
+        throw Error("press '" + spec + "': the policy after ':' must be 'ratio' or 'threshold'");
+    }
+    if (name == "none" || name == "no_press") continue;  // the full-cache cell is separate
+    const ScorerEntry* e = find_scorer(name);
+    if (!e) throw Error("unknown press '" + name + "' (see `kvzap presses`)");
+    bool by_threshold = e->supports_threshold && name.rfind("kvzap", 0) == 0;
+    if (forced == "threshold") {
+      if (!e->supports_threshold) throw Error("press '" + name + "' cannot use a threshold");
+      by_threshold = true;
+    } else if (forced == "ratio") {
+      by_threshold = false;
+    }
+    const std::vector<double>& settings = by_threshold ? thresholds : ratios;
+    if (settings.empty())
+      throw Error("press '" + name + "' runs by " + (by_threshold ? "threshold" : "ratio") + " but no --" +
+                  (by_threshold ? "thresholds" : "ratios") + " were given");
+    for (double v : settings) {
+      PressOptions o = base;
+      o.name = name;
+      o.has_threshold = by_threshold;
+      o.has_ratio = !by_threshold;
+      o.threshold = by_threshold ? v : 0;
+      o.ratio = by_threshold ? 0 : v;
+      if (!by_threshold) o.decoding = false;  // decoding-time pruning is the threshold policy's
+      const std::string dir = cell_dir_name(&o);
+      bool dup = false;
+      for (const PressOptions& c : cells) dup = dup || (!c.name.empty() && cell_dir_name(&c) == dir);
+      if (!dup) cells.push_back(o);
+    }
+  }
+  return cells;
+}
+
+SweepResult run_sweep(const EvalSetup& setup, const std::vector<PressOptions>& cells, const std::string& out_dir,
+                      const RunOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) throw Error(out_dir + ": cannot create folder: " + ec.message());
+
+  // Check every finished cell before running anything, so a mismatch fails fast.
+  std::vector<bool> done(cells.size(), false);
+  int n_done = 0;
+  for (size_t c = 0; c < cells.size(); c++) {
+    const fs::path dir = fs::path(out_dir) / cell_dir_name(&cells[c]);
+    if (!cell_finished(dir.string())) continue;
+    const nlohmann::json summary = read_json_file((dir / "summary.json").string());
+    if (!summary.contains("suite") || summary["suite"] != setup.suite)
+      throw Error(dir.string() + " was finished with a different suite (length, samples, seed, tasks or data); "
+                  "use another --out folder or delete it");
+    done[c] = true;
+    n_done++;
+  }
+
+  const int64_t per_cell = (int64_t)setup.samples.size();
+  const int64_t total = per_cell * (int64_t)cells.size();
+  Progress overall("sweep", total, "sample", per_cell * n_done, opt.quiet ? nullptr : stderr);
+  SweepResult result;
+  int64_t finished_samples = per_cell * n_done;
+  for (size_t c = 0; c < cells.size(); c++) {
+    const PressOptions* p = cells[c].name.empty() ? nullptr : &cells[c];
+    const fs::path dir = fs::path(out_dir) / cell_dir_name(p);
+    if (done[c]) {
+      result.cells_skipped++;
+      const auto rows = read_results((dir / "tasks.csv").string());
+      result.rows.insert(result.rows.end(), rows.begin(), rows.end());
+      continue;
+    }
+    RunOptions run = opt;
+    run.progress = &overall;
+    char head[48];
+    std::snprintf(head, sizeof head, "[%zu/%zu ", c + 1, cells.size());
+    run.label = std::string(head) + cell_dir_name(p) + "]";
+    const auto tc = std::chrono::steady_clock::now();
+    const CellResult cell = run_cell(setup, p, dir.string(), run);
+    finished_samples += per_cell;
+    overall.update(finished_samples);
+    result.cells_run++;
+    result.rows.insert(result.rows.end(), cell.rows.begin(), cell.rows.end());
+    if (!opt.quiet) {
+      std::fprintf(stderr, "%s%s: average %.2f, evicted %.3f (%s)\n", overall.is_tty() ? "\r\033[K" : "",
+                   run.label.c_str(), cell.summary["average"].get<double>(),
+                   cell.summary["evicted_fraction"].get<double>(), format_duration(seconds_since(tc)).c_str());
+    }
+  }
+  overall.finish();
+  write_results((fs::path(out_dir) / "results.csv").string(), result.rows);
+  result.seconds = seconds_since(t0);
+  return result;
+}
+
+nlohmann::json suite_description(const SuiteOptions& opt, const std::vector<Sample>& samples,
+                                 const std::string& model_name) {
+  std::vector<std::string> tasks;
+  for (const Sample& s : samples)
+    if (tasks.empty() || tasks.back() != s.task) tasks.push_back(s.task);
+  // A fingerprint of the generated prompts: catches generator or data changes the fields miss.
+  uint64_t h = fnv1a64("");
+  for (const Sample& s : samples) {
+    h = fnv1a64(s.context, h);
+    h = fnv1a64(s.question, h);
+    h = fnv1a64(s.answer_prefix, h);
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+  return {{"generator", kGeneratorVersion},
+          {"length", opt.length},
+          {"samples_per_task", opt.samples_per_task},
+          {"first_index", opt.first_index},
+          {"seed", opt.seed},
+          {"tasks", tasks},
+          {"corpus_hash", samples.empty() ? std::string() : samples.front().meta.corpus_hash},
+          {"model", model_name},
+          {"prompts_fnv1a64", std::string(hex)}};
+}
+
+}  // namespace kvzap::eval

@@ -1,0 +1,53 @@
+// AVX-512 inner loops of attention: keys and values are read straight from the f16 pages
+// (vcvtph2ps), so nothing is converted or transposed per page. Compiled with AVX-512 flags by file name;
+// called only when the CPU has AVX-512F (see attention.cpp).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace kvzap::avx512 {
+
+// scores[r][j0 + j] = q_r . k_j for the visible keys of one page (head_dim = 16 * nc, nc <= 8).
+void attention_scores_page(const float* q, int64_t q_stride, int rows, const int64_t* visible, const uint16_t* keys,
+                           int64_t j0, int64_t nj, int d, float* scores, int64_t s_stride) {
+  const int nc = d / 16;
+  int64_t max_vis = 0;
+  for (int r = 0; r < rows; r++) max_vis = std::max(max_vis, visible[r]);
+  const int64_t jend = std::min<int64_t>(nj, max_vis - j0);
+  for (int64_t j = 0; j < jend; j++) {
+    __m512 k[8];
+    const uint16_t* kj = keys + j * d;
+    for (int c = 0; c < nc; c++) k[c] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(kj + 16 * c)));
+    for (int r = 0; r < rows; r++) {
+      if (j0 + j >= visible[r]) continue;
+      const float* qr = q + r * q_stride;
+      __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qr), k[0]);
+      for (int c = 1; c < nc; c++) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16 * c), k[c], acc);
+      scores[r * s_stride + j0 + j] = _mm512_reduce_add_ps(acc);
+    }
+  }
+}
+
+// out[r] += sum_j probs[r][j0 + j] * v_j over the visible values of one page.
+void attention_accumulate_page(const float* probs, int64_t s_stride, int rows, const int64_t* visible,
+                               const uint16_t* values, int64_t j0, int64_t nj, int d, float* out, int64_t out_stride) {
+  const int nc = d / 16;
+  for (int r = 0; r < rows; r++) {
+    const int64_t jmax = std::min<int64_t>(nj, visible[r] - j0);
+    if (jmax <= 0) continue;
+    float* o = out + r * out_stride;
+    const float* pr = probs + r * s_stride + j0;
+    __m512 acc[8];
+    for (int c = 0; c < nc; c++) acc[c] = _mm512_loadu_ps(o + 16 * c);
+    for (int64_t j = 0; j < jmax; j++) {
+      const __m512 p = _mm512_set1_ps(pr[j]);
+      const uint16_t* vj = values + j * d;
+      for (int c = 0; c < nc; c++)
+        acc[c] = _mm512_fmadd_ps(p, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(vj + 16 * c))), acc[c]);
+    }
+    for (int c = 0; c < nc; c++) _mm512_storeu_ps(o + 16 * c, acc[c]);
+  }
+}
+
+}  // namespace kvzap::avx512

@@ -1,0 +1,246 @@
+#include "press/baseline_math.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "common/fp16.h"
+#include "kvzap/error.h"
+#include "model/blocks.h"
+#include "press/kvzip_math.h"
+
+namespace kvzap {
+
+void avg_pool_same(const float* x, int64_t n, int k, float* out) {
+  const int64_t r = k / 2;
+  for (int64_t i = 0; i < n; i++) {
+    double s = 0;
+    for (int64_t j = std::max<int64_t>(0, i - r); j <= std::min<int64_t>(n - 1, i + r); j++) s += x[j];
+    out[i] = (float)(s / k);
+  }
+}
+
+void zscore_inplace(float* x, int64_t n) {
+  if (n <= 0) return;
+  double mean = 0;
+  for (int64_t i = 0; i < n; i++) mean += x[i];
+  mean /= (double)n;
+  double var = 0;
+  for (int64_t i = 0; i < n; i++) var += ((double)x[i] - mean) * ((double)x[i] - mean);
+  // torch's unbiased std of one value is NaN; the clamp below then leaves NaN, as in kvpress.
+  const double sd = n > 1 ? std::sqrt(var / (double)(n - 1)) : std::numeric_limits<double>::quiet_NaN();
+  const double denom = std::isnan(sd) ? sd : std::max(sd, 1e-6);
+  for (int64_t i = 0; i < n; i++) x[i] = (float)(((double)x[i] - mean) / denom);
+}
+
+namespace {
+
+template <bool kKeys>
+void stream_f16(const KvCache& cache, int layer, int head, std::vector<float>& out) {
+  const int D = cache.head_dim();
+  const int64_t len = cache.length(layer, head);
+  out.resize((size_t)(len * D));
+  int64_t i = 0;
+  for (int p = 0; p < cache.n_pages(layer, head) && i < len; p++) {
+    const uint16_t* src = kKeys ? cache.page_keys(layer, head, p) : cache.page_values(layer, head, p);
+    const int64_t m = std::min<int64_t>(KvCache::kPageTokens, len - i);
+    for (int64_t e = 0; e < m * D; e++) out[(size_t)(i * D + e)] = fp16_to_fp32(src[e]);
+    i += m;
+  }
+}
+
+}  // namespace
+
+void stream_keys(const KvCache& cache, int layer, int head, std::vector<float>& out) { stream_f16<true>(cache, layer, head, out); }
+void stream_values(const KvCache& cache, int layer, int head, std::vector<float>& out) { stream_f16<false>(cache, layer, head, out); }
+
+void stream_positions(const KvCache& cache, int layer, int head, std::vector<int32_t>& out) {
+  const int64_t len = cache.length(layer, head);
+  out.resize((size_t)len);
+  int64_t i = 0;
+  for (int p = 0; p < cache.n_pages(layer, head) && i < len; p++) {
+    const int32_t* src = cache.page_positions(layer, head, p);
+    const int64_t m = std::min<int64_t>(KvCache::kPageTokens, len - i);
+    std::memcpy(&out[(size_t)i], src, (size_t)m * sizeof(int32_t));
+    i += m;
+  }
+}
+
+void attention_probs(const float* q, int64_t q_stride, int64_t n_rows, const int64_t* n_visible, const float* keys_t,
+                     int64_t n_keys, int head_dim, float scale, float* probs) {
+  for (int64_t j = 0; j < n_rows; j++) {
+    const float* qj = q + j * q_stride;
+    float* row = probs + j * n_keys;
+    const int64_t vis = n_visible ? std::min(n_visible[j], n_keys) : n_keys;
+    std::fill(row, row + n_keys, 0.0f);
+    if (vis <= 0) continue;
+    // Logits with the key index innermost, so the loop vectorises.
+    for (int d = 0; d < head_dim; d++) {
+      const float qd = qj[d] * scale;
+      const float* kd = keys_t + (size_t)d * n_keys;
+      for (int64_t i = 0; i < vis; i++) row[i] += qd * kd[i];
+    }
+    float mx = row[0];
+    for (int64_t i = 1; i < vis; i++) mx = std::max(mx, row[i]);
+    for (int64_t i = 0; i < vis; i++) row[i] -= mx;
+    exp_nonpositive_inplace(row, vis);
+    double sum = 0;
+    for (int64_t i = 0; i < vis; i++) sum += row[i];
+    const float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < vis; i++) row[i] *= inv;
+  }
+}
+
+RopeTable::RopeTable(const ModelConfig& c) : cfg_(c) {}
+
+void RopeTable::reserve(int64_t n_pos) {
+  if (n_pos <= n_pos_) return;
+  const int64_t n = std::max(n_pos, 2 * n_pos_);
+  const int half = cfg_.head_dim / 2;
+  cos_.resize((size_t)(n * half));
+  sin_.resize((size_t)(n * half));
+  rope_table(n, cfg_.head_dim, cfg_.rope_base, cfg_.rope_freq_scale, cos_.data(), sin_.data());
+  n_pos_ = n;
+}
+
+std::pair<int, int> RopeTable::pair(int i) const {
+  if (cfg_.rope_mode == RopeMode::Adjacent) return {2 * i, 2 * i + 1};
+  return {i, i + cfg_.head_dim / 2};
+}
+
+void RopeTable::unrotate(float* x, int32_t pos) const {
+  const int half = cfg_.head_dim / 2;
+  const float* c = cos_.data() + (size_t)pos * half;
+  const float* s = sin_.data() + (size_t)pos * half;
+  for (int i = 0; i < half; i++) {
+    const auto [a, b] = pair(i);
+    const float x0 = x[a], x1 = x[b];
+    x[a] = x0 * c[i] + x1 * s[i];
+    x[b] = -x0 * s[i] + x1 * c[i];
+  }
+}
+
+void RopeTable::mean_rotation(int64_t p0, int64_t n, std::vector<double>& cos_mean, std::vector<double>& sin_mean) {
+  const int half = cfg_.head_dim / 2;
+  reserve(p0 + n);
+  cos_mean.assign((size_t)half, 0.0);
+  sin_mean.assign((size_t)half, 0.0);
+  for (int64_t p = p0; p < p0 + n; p++)
+    for (int i = 0; i < half; i++) {
+      cos_mean[(size_t)i] += cos_[(size_t)(p * half + i)];
+      sin_mean[(size_t)i] += sin_[(size_t)(p * half + i)];
+    }
+  for (int i = 0; i < half; i++) {
+    cos_mean[(size_t)i] /= (double)n;
+    sin_mean[(size_t)i] /= (double)n;
+  }
+}
+
+WindowQueries::WindowQueries(int n_layer, int n_head, int head_dim, int window)
+    : n_head_(n_head), head_dim_(head_dim), window_(window) {
+  q_.assign((size_t)n_layer, std::vector<float>((size_t)window * n_head * head_dim));
+  pos_.assign((size_t)n_layer, std::vector<int32_t>((size_t)window));
+  count_.assign((size_t)n_layer, 0);
+}
+
+void WindowQueries::clear() { std::fill(count_.begin(), count_.end(), 0); }
+
+void WindowQueries::push(const LayerStep& step) {
+  const size_t row = (size_t)n_head_ * head_dim_;
+  const size_t l = (size_t)step.layer;
+  std::vector<float>& q = q_[l];
+  std::vector<int32_t>& pos = pos_[l];
+  int64_t& count = count_[l];
+  const int64_t take = std::min<int64_t>(step.n_tok, window_);
+  const int64_t keep = std::min<int64_t>(count, window_ - take);  // old rows that stay
+  if (keep > 0 && count - keep > 0) {
+    std::memmove(q.data(), q.data() + (size_t)(count - keep) * row, (size_t)keep * row * sizeof(float));
+    std::memmove(pos.data(), pos.data() + (count - keep), (size_t)keep * sizeof(int32_t));
+  }
+  const int64_t first = step.n_tok - take;
+  std::memcpy(q.data() + (size_t)keep * row, step.q + (size_t)first * row, (size_t)take * row * sizeof(float));
+  std::memcpy(pos.data() + keep, step.pos + first, (size_t)take * sizeof(int32_t));
+  count = keep + take;
+}
+
+std::vector<double> gaussian_sketch(uint64_t seed, int layer, int head, int d, int k) {
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + (uint64_t)layer * 1000003ull + (uint64_t)head);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<double> phi((size_t)d * k);
+  const double scale = 1.0 / std::sqrt((double)k);
+  for (double& x : phi) x = normal(rng) * scale;
+  return phi;
+}
+
+namespace {
+
+// Lower Cholesky factor of the k x k matrix a (in place, row-major); false if not positive definite.
+bool cholesky(std::vector<double>& a, int k) {
+  for (int j = 0; j < k; j++) {
+    double s = a[(size_t)j * k + j];
+    for (int p = 0; p < j; p++) s -= a[(size_t)j * k + p] * a[(size_t)j * k + p];
+    if (!(s > 0)) return false;
+    const double ljj = std::sqrt(s);
+    a[(size_t)j * k + j] = ljj;
+    for (int i = j + 1; i < k; i++) {
+      double t = a[(size_t)i * k + j];
+      for (int p = 0; p < j; p++) t -= a[(size_t)i * k + p] * a[(size_t)j * k + p];
+      a[(size_t)i * k + j] = t / ljj;
+    }
+    for (int i = 0; i < j; i++) a[(size_t)i * k + j] = 0;
+  }
+  return true;
+}
+
+}  // namespace
+
+void sketched_leverage(const float* keys, int64_t n, int d, const double* phi, int k, float* out) {
+  if (n <= 0) return;
+  std::vector<double> mean((size_t)d, 0.0);
+  for (int64_t i = 0; i < n; i++)
+    for (int c = 0; c < d; c++) mean[(size_t)c] += keys[(size_t)(i * d + c)];
+  for (double& m : mean) m /= (double)n;
+  // X = (K - mean) Phi: [n][k]
+  std::vector<double> x((size_t)(n * k), 0.0);
+  for (int64_t i = 0; i < n; i++) {
+    double* xi = &x[(size_t)(i * k)];
+    for (int c = 0; c < d; c++) {
+      const double kc = keys[(size_t)(i * d + c)] - mean[(size_t)c];
+      const double* pc = phi + (size_t)c * k;
+      for (int j = 0; j < k; j++) xi[j] += kc * pc[j];
+    }
+  }
+  std::vector<double> g((size_t)k * k, 0.0);
+  for (int64_t i = 0; i < n; i++) {
+    const double* xi = &x[(size_t)(i * k)];
+    for (int a = 0; a < k; a++)
+      for (int b = 0; b < k; b++) g[(size_t)a * k + b] += xi[a] * xi[b];
+  }
+  std::vector<double> l;
+  double jitter = 1e-2;
+  bool ok = false;
+  for (int attempt = 0; attempt < 5 && !ok; attempt++) {
+    l = g;
+    for (int a = 0; a < k; a++) l[(size_t)a * k + a] += jitter;
+    ok = cholesky(l, k);
+    jitter *= 10;
+  }
+  if (!ok) throw Error("leverage scores: the sketched key Gram matrix is not positive definite");
+  // score_i = ||L^-1 x_i||^2 = x_i^T G^-1 x_i (forward substitution).
+  std::vector<double> y((size_t)k);
+  for (int64_t i = 0; i < n; i++) {
+    const double* xi = &x[(size_t)(i * k)];
+    double s = 0;
+    for (int a = 0; a < k; a++) {
+      double t = xi[a];
+      for (int p = 0; p < a; p++) t -= l[(size_t)a * k + p] * y[(size_t)p];
+      y[(size_t)a] = t / l[(size_t)a * k + a];
+      s += y[(size_t)a] * y[(size_t)a];
+    }
+    out[i] = (float)std::max(0.0, s);
+  }
+}
+
+}  // namespace kvzap

@@ -1,0 +1,79 @@
+// Arithmetic shared by the kvpress baseline scorers (kvzap-spec.md §6): plain functions on arrays,
+// each checked against a naive computation in tests/unit/test_baseline_presses.cpp.
+#pragma once
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "cache/kv_cache.h"
+#include "model/config.h"
+#include "model/forward.h"
+
+namespace kvzap {
+
+// torch avg_pool1d(kernel k (odd), stride 1, padding k/2, count_include_pad=True):
+// out[i] = (1/k) * sum of x[j] for |j - i| <= k/2, with x = 0 outside [0, n). out != x.
+void avg_pool_same(const float* x, int64_t n, int k, float* out);
+
+// In place: (x - mean) / max(std, 1e-6) over n values, std with Bessel's correction (torch .std()).
+void zscore_inplace(float* x, int64_t n);
+
+// One stream's entries in f32 (the cache stores f16): keys or values [len][D], positions [len].
+void stream_keys(const KvCache& cache, int layer, int head, std::vector<float>& out);
+void stream_values(const KvCache& cache, int layer, int head, std::vector<float>& out);
+void stream_positions(const KvCache& cache, int layer, int head, std::vector<int32_t>& out);
+
+// Softmax attention of n_rows query rows over keys given transposed, keys_t [D][n_keys]:
+// probs[j][i] = softmax over i < n_visible[j] of scale * q_j . k_i, and 0 for i >= n_visible[j]
+// (n_visible null: every row sees every key). Row j's query is at q + j * q_stride ([D]).
+void attention_probs(const float* q, int64_t q_stride, int64_t n_rows, const int64_t* n_visible, const float* keys_t,
+                     int64_t n_keys, int head_dim, float scale, float* probs);
+
+// The engine's RoPE (same tables as Forward: model/blocks.h rope_table), for scorers that undo it
+// (pre-RoPE queries and keys) or average it over future positions.
+class RopeTable {
+ public:
+  explicit RopeTable(const ModelConfig& c);
+  // Grows the table to cover positions [0, n_pos). Not thread-safe: call before parallel use.
+  void reserve(int64_t n_pos);
+  // The two components rotated together by frequency i (i < head_dim / 2).
+  std::pair<int, int> pair(int i) const;
+  // In place: undoes the rotation of position pos on one head vector [head_dim]. reserve(pos + 1) first.
+  void unrotate(float* x, int32_t pos) const;
+  // Mean over positions [p0, p0 + n) of cos and sin of each frequency (reserves what it needs).
+  void mean_rotation(int64_t p0, int64_t n, std::vector<double>& cos_mean, std::vector<double>& sin_mean);
+
+ private:
+  ModelConfig cfg_;
+  int64_t n_pos_ = 0;
+  std::vector<float> cos_, sin_;  // [n_pos][head_dim / 2]
+};
+
+// The queries of the last `window` positions seen, per layer (SnapKV's and TOVA's observation window).
+class WindowQueries {
+ public:
+  WindowQueries(int n_layer, int n_head, int head_dim, int window);
+  void clear();
+  // Keeps the last `window` query rows of everything pushed for step.layer.
+  void push(const LayerStep& step);
+  int64_t size(int layer) const { return count_[(size_t)layer]; }
+  const float* rows(int layer) const { return q_[(size_t)layer].data(); }  // [size][n_head][head_dim], oldest first
+  const int32_t* positions(int layer) const { return pos_[(size_t)layer].data(); }
+
+ private:
+  int n_head_, head_dim_, window_;
+  std::vector<std::vector<float>> q_;      // [layer][window][n_head][head_dim]
+  std::vector<std::vector<int32_t>> pos_;  // [layer][window]
+  std::vector<int64_t> count_;
+};
+
+// A right Gaussian sketch for stream (layer, head): [d][k] entries N(0, 1) / sqrt(k), reproducible
+// from (seed, layer, head).
+std::vector<double> gaussian_sketch(uint64_t seed, int layer, int head, int d, int k);
+
+// Approximate leverage scores (kvpress LeverageScorePress): X = (K - mean over rows of K) Phi,
+// G = X^T X + jitter I (kvpress tries jitter 1e-2, then x10 on failure), score_i = max(0, x_i^T G^-1 x_i)
+// by Cholesky. keys [n][d] (pre-RoPE), phi [d][k] as from gaussian_sketch; out [n].
+void sketched_leverage(const float* keys, int64_t n, int d, const double* phi, int k, float* out);
+
+}  // namespace kvzap

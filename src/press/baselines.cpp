@@ -1,0 +1,41 @@
+// Shared plumbing of the kvpress baseline scorers (press/baselines.h).
+#include "press/baselines.h"
+
+#include <string>
+
+#include "engine/session.h"
+#include "kernels/thread_pool.h"
+#include "kvzap/error.h"
+
+namespace kvzap {
+
+void CacheContextScorer::score_context(ContextView& ctx, CacheScores& out) { score_cache(ctx.session.cache(), out); }
+
+void CacheContextScorer::parallel_for(int64_t n, const std::function<void(int64_t, int)>& fn) {
+  if (pool_ && pool_->size() > 1) {
+    pool_->parallel_for(n, fn);
+    return;
+  }
+  for (int64_t i = 0; i < n; i++) fn(i, 0);
+}
+
+int CacheContextScorer::n_threads() const { return pool_ ? pool_->size() : 1; }
+
+int64_t require_full_context(const KvCache& cache, const char* press) {
+  const int64_t T = cache.n_past();
+  for (int l = 0; l < cache.n_layer(); l++)
+    for (int h = 0; h < cache.n_head_kv(); h++)
+      if (cache.length(l, h) != T)
+        throw Error(std::string(press) + " scores a whole context: every KV stream must hold all " + std::to_string(T) +
+                    " context tokens (layer " + std::to_string(l) + ", head " + std::to_string(h) + " holds " +
+                    std::to_string(cache.length(l, h)) + ")");
+  return T;
+}
+
+void size_scores(const KvCache& cache, CacheScores& out) {
+  out.assign((size_t)cache.n_layer(), std::vector<std::vector<float>>((size_t)cache.n_head_kv()));
+  for (int l = 0; l < cache.n_layer(); l++)
+    for (int h = 0; h < cache.n_head_kv(); h++) out[(size_t)l][(size_t)h].resize((size_t)cache.length(l, h));
+}
+
+}  // namespace kvzap

@@ -1,0 +1,82 @@
+// The kvpress baseline presses (kvzap-spec.md §6), built from the model's hyper-parameters only so
+// tests can run them on hand-built caches. Each lives in its own src/press/scorer_<name>.cpp with its
+// registry line; all are context scorers under the ratio policy.
+//
+// What they see: kvpress compresses the context alone (the question comes after compression) unless
+// `query_aware` appends the question to the context. The scorers here likewise judge exactly what was
+// prefilled — the window-query presses (SnapKV, PyramidKV, ChunkKV, TOVA) use the last tokens of the
+// context; ContextView::question is not used.
+//
+// Entries kvpress pads with "max + 1" to keep them (SnapKV's window, TOVA's last token, sinks) get
+// +inf here, so they are kept under every ratio scope, not only per head.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "press/baseline_math.h"
+#include "press/policy.h"
+#include "press/press.h"
+
+namespace kvzap {
+
+class ThreadPool;
+
+// Base of the baseline scorers: context scorers that need only the cache plus what they observed.
+class CacheContextScorer : public Scorer, public CacheScorer {
+ public:
+  bool per_step() const override { return false; }
+  void score_context(ContextView& ctx, CacheScores& out) override;
+  void set_pool(ThreadPool* pool) override { pool_ = pool; }
+
+ protected:
+  // fn(i, thread) for i in [0, n), on the session's pool when there is one.
+  void parallel_for(int64_t n, const std::function<void(int64_t, int)>& fn);
+  int n_threads() const;
+  ThreadPool* pool_ = nullptr;
+};
+
+// Every stream must hold the whole context (positions 0..n_past-1): the ratio presses score before
+// anything is evicted. Throws kvzap::Error naming `press` otherwise. Returns n_past.
+int64_t require_full_context(const KvCache& cache, const char* press);
+// out[layer][head] sized to the cache's streams (values unset).
+void size_scores(const KvCache& cache, CacheScores& out);
+
+// SnapKV (kvpress SnapKVPress): the last `window` queries of the context attend (causally, after
+// RoPE, 1/sqrt(D)) to every key; each non-window key's score is its attention averaged over the window
+// rows, smoothed by avg_pool_same(kernel), averaged over the G query heads of its KV head. Window
+// entries score +inf. Needs a context longer than the window.
+class SnapKvScorer : public CacheContextScorer {
+ public:
+  explicit SnapKvScorer(const ModelConfig& c, int window = 64, int kernel = 5);
+  void observe_step(const LayerStep& step, const KvCache& cache) override { queries_.push(step); }
+  void reset() override { queries_.clear(); }
+  void score_cache(const KvCache& cache, CacheScores& out) override;
+  int window() const { return window_; }
+
+ protected:
+  ModelConfig cfg_;
+  int window_, kernel_;
+  WindowQueries queries_;
+};
+
+// PyramidKV's per-layer budgets (kvpress PyramidKVPress.get_layer_budget): entries kept per head in
+// `layer` for a context of T tokens at `ratio`, window 64, beta 20, Python rounding (half to even).
+int64_t pyramid_layer_budget(int64_t T, double ratio, int layer, int n_layer, int window = 64, int beta = 20);
+
+std::unique_ptr<Scorer> make_snapkv_scorer(const ModelConfig& c);
+std::unique_ptr<Scorer> make_tova_scorer(const ModelConfig& c);
+std::unique_ptr<Scorer> make_observed_attention_scorer(const ModelConfig& c);
+std::unique_ptr<Scorer> make_expected_attention_scorer(const ModelConfig& c, double epsilon);
+std::unique_ptr<Scorer> make_pyramidkv_scorer(const ModelConfig& c);
+// AdaKV around any scorer; the ratio policy then splits the budget as RatioScope::AdaKv.
+std::unique_ptr<Scorer> make_adakv_scorer(std::unique_ptr<Scorer> inner);
+std::unique_ptr<Scorer> make_keydiff_scorer();
+std::unique_ptr<Scorer> make_lagkv_scorer();
+std::unique_ptr<Scorer> make_chunkkv_scorer(const ModelConfig& c);
+std::unique_ptr<Scorer> make_cur_scorer();
+// blending: kvpress uses the compression ratio (0.35 if unset).
+std::unique_ptr<Scorer> make_compactor_scorer(const ModelConfig& c, double blending, uint64_t seed);
+
+}  // namespace kvzap
