@@ -12,7 +12,7 @@ namespace {
 struct GenerateArgs {
   ModelArgs m;
   PressArgs press;
-  std::string prompt, file, system, context_file, answer_prefix;
+  std::string prompt, file, system, context_file, answer_prefix, kv_trace;
   std::vector<std::string> questions;
   bool chat = false, json = false, no_stream = false;
   int n = 256;
@@ -40,6 +40,17 @@ int run_generate(const GenerateArgs& a) {
   g.sampling = {a.temp, a.top_k, a.top_p, a.min_p, a.seed};
   g.stop = a.stop;
   const bool stream = !a.json && !a.no_stream;
+  std::FILE* trace = nullptr;
+  if (!a.kv_trace.empty()) {
+    trace = std::fopen(a.kv_trace.c_str(), "w");
+    if (!trace) throw Error(a.kv_trace + ": cannot open for writing");
+    std::fprintf(trace, "step,n_past,kv_bytes,kv_bytes_full,evicted_fraction\n");
+    g.on_token = [&](int step) {
+      const KvCache& c = session.cache();
+      std::fprintf(trace, "%d,%lld,%lld,%lld,%.6f\n", step, (long long)c.n_past(), (long long)c.bytes_resident(),
+                   (long long)c.bytes_full(), c.evicted_fraction());
+    };
+  }
 
   ContextPrompt cp;
   bool qa_mode = !a.context_file.empty();
@@ -74,6 +85,7 @@ int run_generate(const GenerateArgs& a) {
     }
     return true;
   });
+  if (trace) std::fclose(trace);
   if (a.json) {
     nlohmann::json j;
     if (!qa_mode) {
@@ -128,6 +140,7 @@ RegisterCommand reg("generate", "generate text from a prompt, or answer question
   sub.add_option("--context-file", a->context_file, "a context to compress once, then ask each --question on it");
   sub.add_option("--question", a->questions, "a question about --context-file (repeatable)");
   sub.add_option("--answer-prefix", a->answer_prefix, "text the answer starts with (after each --question)");
+  sub.add_option("--kv-trace", a->kv_trace, "write the cache size after every generated token (CSV)");
   sub.add_flag("--chat", a->chat, "wrap the prompt in the model's chat template");
   sub.add_option("--system", a->system, "system message (with --chat)");
   sub.add_option("-n,--max-tokens", a->n, "maximum new tokens")->check(CLI::Range(0, 1 << 20));

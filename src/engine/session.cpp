@@ -114,6 +114,7 @@ GenerateResult Session::generate(const std::vector<int32_t>& prompt, const Gener
       break;
     }
     forward_->run(&id, 1, *cache_, LogitsMode::Last, logits_.data(), observer_);
+    if (opt.on_token) opt.on_token(i + 1);
   }
   pending += utf8.flush();
   r.text += pending;

@@ -23,6 +23,8 @@ struct GenerateOptions {
   SamplerOptions sampling;
   std::vector<std::string> stop;  // stop strings (not included in the output)
   bool stop_at_eog = true;
+  // Called after each generated token has been fed (cache state includes it): step = 1, 2, ...
+  std::function<void(int step)> on_token;
 };
 
 struct GenerateResult {

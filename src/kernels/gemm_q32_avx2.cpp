@@ -1,9 +1,9 @@
 // AVX2 kernels for the 32-element formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (the AVX-512 file has the same
 // design with pairs of blocks per register; read its header comment first).
 //  * Activations: ggml's Q8_0 / Q8_1 quantization, stored per block as [32 int8 quants (Q8_0 weights:
-//    32 int16)][8 x d_a][8 x int32 offset correction (Q4_0, Q5_0)] (+ float s[] tail for Q4_1/Q5_1).
+//    32 int16)][8 x d_a][8 x int32 per-lane offset corrections (Q4_0, Q5_0)] (+ float s[] tail for Q4_1/Q5_1).
 //  * Nibble weights are unpacked to bytes 0..15 / 0..31 and multiplied with vpmaddubsw (no saturation:
-//    31 * 127 * 2 < 32767); the -8 / -16 offsets are removed exactly through the correction lane.
+//    31 * 127 * 2 < 32767); the -8 / -16 offsets are removed exactly by a per-lane correction.
 //    Q8_0 weights are widened to int16 and use vpmaddwd (u8 x s8 would saturate).
 //  * Per (row, token) a float accumulator takes isum * (d_w * d_a); Q4_1/Q5_1 add sum_b m_b * s_b.
 //    Tiles of 2 rows x 4 tokens reuse each unpacked weight block 4 times (16 ymm registers).
@@ -127,8 +127,12 @@ void prepare_act(const float* x, uint8_t* dst, int64_t n) {
       _mm256_store_si256((__m256i*)out, q8);
     }
     _mm256_store_ps((float*)(out + kQBytes<T>), _mm256_set1_ps(round_fp16(d)));
-    if constexpr (F::kOffset != 0)
-      _mm256_store_si256((__m256i*)(out + kQBytes<T> + kY), _mm256_setr_epi32(-F::kOffset * sum, 0, 0, 0, 0, 0, 0, 0));
+    if constexpr (F::kOffset != 0) {
+      // Per int32 lane: -offset * (sum of the 4 quants that lane multiplies): exact signed partials.
+      const __m256i k_sums = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8((char)F::kOffset), q8),
+                                               _mm256_set1_epi16(1));
+      _mm256_store_si256((__m256i*)(out + kQBytes<T> + kY), _mm256_sub_epi32(_mm256_setzero_si256(), k_sums));
+    }
     if constexpr (F::kMin) s_tail[b] = round_fp16((float)sum * d);  // ggml: fp16(d * sum) with unrounded d
   }
   if constexpr (F::kMin) {

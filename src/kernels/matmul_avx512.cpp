@@ -3,12 +3,12 @@
 //
 // Scheme (one zmm = a pair of 32-element blocks b, b+1):
 //  * Activations are quantized exactly as ggml's Q8_0 / Q8_1 (same q, fp16-rounded d, s) and stored per
-//    pair as [64 int8 quants][16 float d per int32 lane][16 int32 offset correction] (+ a float s[] tail
+//    pair as [64 int8 quants][16 float d per int32 lane][16 int32 per-lane offset corrections] (+ a float s[] tail
 //    for Q4_1 / Q5_1).
 //  * Weights are unpacked per group of 4 rows into the matching byte order, as unsigned bytes: nibble
 //    formats as 0..15 / 0..31, Q8_0 as q + 128 (xor 0x80). vpdpbusd(u8 weight, s8 activation) then gives
-//    sum q_w * q_a per 4 bytes; the offsets (-8, -16, +128) are removed exactly by starting the integer
-//    accumulator at -offset * sum(q_a) for that block.
+//    sum q_w * q_a per 4 bytes; the offsets (-8, -16, +128) are removed exactly by starting each int32
+//    lane at -offset * (sum of its 4 activation quants), so every lane holds its exact signed partial.
 //  * Per (row, token) a float accumulator takes isum * (d_w * d_a) lane-wise; Q4_1/Q5_1 add
 //    sum_b m_b * s_b (16 blocks per vector) afterwards; the 16 lanes are summed by folding halves.
 //  * Prefill: a 4-row x 4-token tile reuses every unpacked weight pair 4 times (rows are packed once
@@ -132,11 +132,11 @@ void prepare_act(const float* x, uint8_t* dst, int64_t n) {
     constexpr __mmask16 kLanesB = F::kOrder == Order::Nibble ? 0x0F0F : 0x00FF;
     _mm512_store_ps((float*)(out + kZ), _mm512_mask_blend_ps(kLanesB, _mm512_set1_ps(d1), _mm512_set1_ps(d0)));
     if constexpr (F::kOffset != 0) {
-      const int lane_b1 = F::kOrder == Order::Nibble ? 4 : 8;
-      alignas(64) int32_t corr[16] = {};
-      corr[0] = -F::kOffset * q[0].sum;
-      corr[lane_b1] = -F::kOffset * q[1].sum;
-      _mm512_store_si512((void*)(out + 2 * kZ), _mm512_load_si512((const void*)corr));
+      // Per int32 lane: -offset * (sum of the 4 quants that lane multiplies), so that every lane of
+      // the weight dot holds its exact signed partial sum (no large values cancelling in float).
+      const __m512i qa = _mm512_load_si512((const void*)out);
+      const __m512i k_sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)F::kOffset), qa);
+      _mm512_store_si512((void*)(out + 2 * kZ), _mm512_sub_epi32(_mm512_setzero_si512(), k_sums));
     }
     if constexpr (F::kMin) {
       // ggml: s = fp16(d * sum(q)) with the unrounded d.

@@ -68,6 +68,14 @@ void stream_positions(const KvCache& cache, int layer, int head, std::vector<int
   }
 }
 
+void stream_key_range(const KvCache& cache, int layer, int head, int64_t first, int64_t n, float* out) {
+  const int D = cache.head_dim();
+  for (int64_t i = 0; i < n; i++) {
+    const uint16_t* k = cache.key_at(layer, head, first + i);
+    for (int d = 0; d < D; d++) out[(size_t)(i * D + d)] = fp16_to_fp32(k[d]);
+  }
+}
+
 void attention_probs(const float* q, int64_t q_stride, int64_t n_rows, const int64_t* n_visible, const float* keys_t,
                      int64_t n_keys, int head_dim, float scale, float* probs) {
   for (int64_t j = 0; j < n_rows; j++) {

@@ -22,6 +22,8 @@ void zscore_inplace(float* x, int64_t n);
 void stream_keys(const KvCache& cache, int layer, int head, std::vector<float>& out);
 void stream_values(const KvCache& cache, int layer, int head, std::vector<float>& out);
 void stream_positions(const KvCache& cache, int layer, int head, std::vector<int32_t>& out);
+// Keys of slots [first, first + n) of one stream in f32: out [n][D].
+void stream_key_range(const KvCache& cache, int layer, int head, int64_t first, int64_t n, float* out);
 
 // Softmax attention of n_rows query rows over keys given transposed, keys_t [D][n_keys]:
 // probs[j][i] = softmax over i < n_visible[j] of scale * q_j . k_i, and 0 for i >= n_visible[j]

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "kvzap/error.h"
+#include "press/baselines.h"
 #include "press/policy.h"
 
 namespace kvzap {
@@ -35,9 +36,22 @@ std::string number(double v) {
 
 std::unique_ptr<Press> make_press(const PressOptions& opt, const Model& model) {
   const auto& reg = scorer_registry();
-  const auto it = std::find_if(reg.begin(), reg.end(), [&](const ScorerEntry& e) { return e.name == opt.name; });
-  if (it == reg.end()) throw Error("unknown press '" + opt.name + "' (known presses: " + known_presses() + ")");
+  auto find = [&](const std::string& name) {
+    return std::find_if(reg.begin(), reg.end(), [&](const ScorerEntry& e) { return e.name == name; });
+  };
+  auto it = find(opt.name);
+  // "adakv_<press>": any registered press under the AdaKV budget (press/scorer_adakv.cpp).
+  const std::string ada_prefix = "adakv_";
+  bool wrap_adakv = false;
+  if (it == reg.end() && opt.name.rfind(ada_prefix, 0) == 0) {
+    it = find(opt.name.substr(ada_prefix.size()));
+    wrap_adakv = it != reg.end();
+  }
+  if (it == reg.end())
+    throw Error("unknown press '" + opt.name + "' (known presses: " + known_presses() + "; adakv_<press> for AdaKV)");
   const ScorerEntry& entry = *it;
+  if (wrap_adakv && opt.has_threshold)
+    throw Error("press '" + opt.name + "' is an AdaKV ratio budget and cannot use a threshold; give it a ratio");
 
   if (opt.has_threshold == opt.has_ratio)
     throw Error("press '" + opt.name + "' needs exactly one of a threshold or a ratio");
@@ -57,6 +71,12 @@ std::unique_ptr<Press> make_press(const PressOptions& opt, const Model& model) {
   if (entry.supports_threshold && !scorer->per_step())
     throw Error("internal: press '" + opt.name + "' supports a threshold but is not a per-step scorer");
   if (opt.has_threshold) return make_threshold_press(std::move(scorer), opt);
+  if (wrap_adakv) {
+    const auto* split = dynamic_cast<BudgetSplit*>(scorer.get());
+    if (split && split->budget_name() != "adakv")
+      throw Error("press '" + entry.name + "' splits its budget itself and cannot be wrapped in AdaKV");
+    if (!split) scorer = make_adakv_scorer(std::move(scorer));  // an AdaKV press stays as it is
+  }
   return make_ratio_press(std::move(scorer), opt);
 }
 

@@ -448,6 +448,61 @@ TEST(Matmul, LargeOutputSplitsAcrossThreads) {
   }
 }
 
+TEST(Matmul, ActivationQuantizationIsBitExactWithGgml) {
+  // Weight row j is the unit vector e_j (scale 1), so y[t][j] = d_a * q_a[j] with no rounding at all:
+  // every ISA's activation quantizer must give ggml's exact quants, ties included (roundf: away from 0).
+  const int64_t n = 96;
+  std::mt19937 rng(11);
+  std::vector<float> x = gaussian(rng, (size_t)(2 * n));
+  const float ties[] = {127.f, 2.5f, -2.5f, 0.5f, -0.5f, 1.5f, -3.5f, 126.5f, -126.5f, 0.f};
+  for (size_t i = 0; i < sizeof(ties) / sizeof(ties[0]); ++i) x[32 + i] = ties[i];  // block 1: d = 1
+  for (int i = 10; i < 32; ++i) x[(size_t)(32 + i)] = (float)(i - 16) + 0.5f;
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q5_0}) {
+    const size_t rb = kk::kernel_row_bytes(t, n);
+    const int bb = kk::geometry(t).block_bytes;
+    std::vector<uint8_t> w(rb * (size_t)n, 0);
+    for (int64_t j = 0; j < n; ++j) {
+      for (int b = 0; b < n / 32; ++b) {  // every block of row j: d = 1 and all-zero values
+        uint8_t* blk = w.data() + (size_t)j * rb + (size_t)b * bb;
+        put_h(blk, b == j / 32 ? 1.0f : 0.0f);
+        if (t == GgmlType::Q4_0) std::memset(blk + 2, 0x88, 16);     // q = 8 -> value 0
+        if (t == GgmlType::Q5_0) std::memset(blk + 2, 0xFF, 4);      // q = 16 -> value 0
+      }
+      uint8_t* blk = w.data() + (size_t)j * rb + (size_t)(j / 32) * bb;
+      const int e = (int)(j % 32);
+      const uint8_t one_nibble = (uint8_t)(e < 16 ? 0x01 : 0x10);
+      switch (t) {
+        case GgmlType::Q8_0: blk[2 + e] = 1; break;
+        case GgmlType::Q4_1: blk[4 + e % 16] = one_nibble; break;  // m = 0
+        case GgmlType::Q4_0: blk[2 + e % 16] = (uint8_t)(e < 16 ? 0x89 : 0x98); break;  // q = 9 -> 1
+        default: blk[6 + e % 16] = one_nibble; break;  // Q5_0: q = 17 -> 1
+      }
+    }
+    const WeightMatrix m = make_matrix(t, w, n, n);
+    IsaGuard guard;
+    for (Isa isa : available_isas()) {
+      set_active_isa(isa);
+      ThreadPool pool(1);
+      MatmulScratch scratch;
+      std::vector<float> y((size_t)(2 * n));
+      matmul(m, x.data(), 2, y.data(), pool, scratch);  // 2 tokens: the prefill path
+      std::vector<float> y1((size_t)n);
+      matmul(m, x.data() + n, 1, y1.data(), pool, scratch);  // 1 token: the decode path
+      for (int64_t tok = 0; tok < 2; ++tok) {
+        std::vector<kk::BlockQ8_0> q((size_t)(n / 32));
+        kk::quantize_q8_0_ref(x.data() + tok * n, q.data(), n);  // Q8_1 quants and d are the same
+        for (int64_t j = 0; j < n; ++j) {
+          const float expect = fp16_to_fp32(q[(size_t)(j / 32)].d) * (float)q[(size_t)(j / 32)].qs[j % 32];
+          ASSERT_EQ(y[(size_t)(tok * n + j)], expect) << type_name(t) << " " << isa_name(isa) << " token " << tok << " j " << j;
+          if (tok == 1) {
+            ASSERT_EQ(y1[(size_t)j], expect) << type_name(t) << " " << isa_name(isa) << " decode j " << j;
+          }
+        }
+      }
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------------
 
 TEST(VectorKernels, MatchScalarOnEveryIsa) {

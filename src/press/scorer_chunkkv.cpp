@@ -1,0 +1,78 @@
+// "chunkkv" (kvzap-spec.md §6, kvpress ChunkKVPress(SnapKVPress(), chunk_length=20)): SnapKV scores
+// summed over the heads of a layer and averaged per chunk of 20 slots (the remainder is one more
+// chunk); the layer keeps its max(1, int(n_chunks * (1 - ratio))) best chunks whole, the same slots
+// in every head. The ratio scope does not apply. The window's +inf scores are replaced by the layer's
+// largest finite score + 1 first, as kvpress pads them.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "kvzap/error.h"
+#include "model/model.h"
+#include "press/baselines.h"
+
+namespace kvzap {
+namespace {
+
+constexpr int64_t kChunk = 20;
+
+class ChunkKvScorer : public SnapKvScorer, public BudgetSplit {
+ public:
+  explicit ChunkKvScorer(const ModelConfig& c) : SnapKvScorer(c) {}
+  std::string budget_name() const override { return "chunks of 20"; }
+
+  void mark_evictions(const KvCache& cache, const CacheScores& scores, double ratio, EvictionMask& drop) override {
+    const int H = cache.n_head_kv();
+    for (int l = 0; l < cache.n_layer(); l++) {
+      const int64_t T = cache.length(l, 0);
+      for (int h = 1; h < H; h++)
+        if (cache.length(l, h) != T) throw Error("internal: chunkkv needs every head of a layer to hold the same slots");
+      if (T < kChunk) {  // no whole chunk: the inner SnapKV press alone, same count per head
+        for (int h = 0; h < H; h++)
+          mark_lowest_in_stream(scores[(size_t)l][(size_t)h], T - (int64_t)((double)T * (1.0 - ratio)),
+                                drop[(size_t)l * H + h]);
+        continue;
+      }
+      float top = -std::numeric_limits<float>::infinity();
+      for (int h = 0; h < H; h++)
+        for (float v : scores[(size_t)l][(size_t)h])
+          if (std::isfinite(v)) top = std::max(top, v);
+      std::vector<double> sum((size_t)T, 0.0);  // over heads
+      for (int h = 0; h < H; h++)
+        for (int64_t i = 0; i < T; i++) {
+          const float v = scores[(size_t)l][(size_t)h][(size_t)i];
+          sum[(size_t)i] += v == std::numeric_limits<float>::infinity() ? (double)top + 1 : (double)v;
+        }
+      const int64_t n_chunks = (T + kChunk - 1) / kChunk;
+      std::vector<double> chunk((size_t)n_chunks, 0.0);
+      for (int64_t c = 0; c < n_chunks; c++) {
+        const int64_t c0 = c * kChunk, c1 = std::min(T, c0 + kChunk);
+        for (int64_t i = c0; i < c1; i++) chunk[(size_t)c] += sum[(size_t)i];
+        chunk[(size_t)c] /= (double)(c1 - c0);
+      }
+      const int64_t kept = std::max<int64_t>(1, (int64_t)((double)n_chunks * (1.0 - ratio)));
+      std::vector<int64_t> order((size_t)n_chunks);
+      std::iota(order.begin(), order.end(), 0);
+      // Lowest chunks first; NaN counts as lowest; ties: the earlier chunk goes first.
+      auto key = [&](int64_t c) { return std::isnan(chunk[(size_t)c]) ? -INFINITY : chunk[(size_t)c]; };
+      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return key(a) < key(b); });
+      for (int64_t r = 0; r < n_chunks - kept; r++) {
+        const int64_t c0 = order[(size_t)r] * kChunk, c1 = std::min(T, c0 + kChunk);
+        for (int h = 0; h < H; h++)
+          for (int64_t i = c0; i < c1; i++) drop[(size_t)l * H + h][(size_t)i] = 1;
+      }
+    }
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Scorer> make_chunkkv_scorer(const ModelConfig& c) { return std::make_unique<ChunkKvScorer>(c); }
+
+namespace {
+RegisterScorer reg({"chunkkv", "ChunkKV(SnapKV): keeps whole 20-token chunks by their mean SnapKV score, same for all heads",
+                    false, [](const PressOptions&, const Model& m) { return make_chunkkv_scorer(m.config()); }});
+}  // namespace
+
+}  // namespace kvzap

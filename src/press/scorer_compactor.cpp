@@ -1,0 +1,184 @@
+// "compactor" (kvzap-spec.md §6, kvpress CompactorPress, arXiv 2507.08143): query-agnostic blend of
+//   * approximate leverage scores of the pre-RoPE keys (cached keys with RoPE undone), centred over the
+//     sequence, through a right Gaussian sketch to 48 dims (sketched_leverage), z-scored over the layer;
+//   * non-causal chunked attention: the context cut into tiles of 256, every query of a tile attends
+//     to every key of the same tile (RoPE applied, unscaled logits as in kvpress), column sums averaged
+//     over the group, times ||v||, avg_pool_same(3), z-scored over the layer;
+// score = blending * leverage_z + attention_z with blending = the compression ratio (kvpress default).
+// Scored slots are [8, T - 4); the first 8 and last 4 score +inf. The registry's "adakv_compactor"
+// (the kvpress leaderboard entry) wraps it in AdaKV.
+//
+// The tiles' queries are consumed while the context is prefilled: a tile is scored as soon as its
+// keys are cached and 4 more tokens exist (so it cannot reach the protected tail); only the queries
+// of an unfinished tile are kept. Differences from kvpress: the sketch is seeded (PressOptions::seed)
+// instead of drawn fresh; padded query rows and keys of the last partial tile are excluded as in
+// kvpress's current code.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "kvzap/error.h"
+#include "model/model.h"
+#include "press/baselines.h"
+#include "press/kvzip_math.h"
+
+namespace kvzap {
+namespace {
+
+constexpr int64_t kSinkStart = 8, kSinkEnd = 4, kTile = 256;
+constexpr int kSketch = 48;
+
+class CompactorScorer : public CacheContextScorer {
+ public:
+  CompactorScorer(const ModelConfig& c, double blending, uint64_t seed)
+      : cfg_(c), blending_(blending), seed_(seed), rope_(c), layers_((size_t)c.n_layer) {}
+
+  void reset() override {
+    for (Layer& st : layers_) {
+      st.pending.clear();
+      st.n_pending = 0;
+      st.next_tile = kSinkStart;
+      for (auto& s : st.colsum) s.clear();
+    }
+  }
+
+  void observe_step(const LayerStep& step, const KvCache& cache) override {
+    Layer& st = layers_[(size_t)step.layer];
+    const size_t row = (size_t)cfg_.n_head * cfg_.head_dim;
+    if (st.n_pending > 0 && st.pending_pos0 + st.n_pending != step.pos[0])
+      throw Error("internal: compactor expects the context's positions in order");
+    const int64_t first = st.n_pending > 0 ? st.pending_pos0 : step.pos[0];
+    auto query_row = [&](int64_t p) -> const float* {
+      if (p < step.pos[0]) return st.pending.data() + (size_t)(p - st.pending_pos0) * row;
+      return step.q + (size_t)(p - step.pos[0]) * row;
+    };
+    while (st.next_tile + kTile + kSinkEnd <= cache.n_past()) {
+      if (st.next_tile < first) throw Error("internal: compactor lost the queries of a tile");
+      score_tile(step.layer, st.next_tile, st.next_tile + kTile, query_row, cache);
+      st.next_tile += kTile;
+    }
+    // Keep the queries of the unfinished tile (positions >= next_tile) for later steps.
+    const int64_t end = step.pos[0] + step.n_tok;
+    const int64_t keep0 = std::max<int64_t>(st.next_tile, first);
+    scratch_.resize((size_t)std::max<int64_t>(0, end - keep0) * row);
+    for (int64_t p = keep0; p < end; p++) std::memcpy(&scratch_[(size_t)(p - keep0) * row], query_row(p), row * sizeof(float));
+    st.pending.swap(scratch_);
+    st.pending_pos0 = keep0;
+    st.n_pending = std::max<int64_t>(0, end - keep0);
+  }
+
+  void score_cache(const KvCache& cache, CacheScores& out) override {
+    const int64_t T = require_full_context(cache, "compactor");
+    const int L = cfg_.n_layer, H = cfg_.n_head, Hkv = cfg_.n_head_kv, G = cfg_.n_group(), D = cfg_.head_dim;
+    const int64_t left = std::min(kSinkStart, T);
+    const int64_t right = std::min(kSinkEnd, std::max<int64_t>(0, T - left));
+    const int64_t mid_end = T - right, S = mid_end - left;
+    size_scores(cache, out);
+    for (auto& layer : out)
+      for (auto& s : layer) std::fill(s.begin(), s.end(), std::numeric_limits<float>::infinity());
+    if (S <= 0) return;
+    const size_t row = (size_t)H * D;
+    // The last tiles (up to mid_end) from the queries still pending.
+    for (int l = 0; l < L; l++) {
+      Layer& st = layers_[(size_t)l];
+      auto query_row = [&](int64_t p) -> const float* {
+        if (p < st.pending_pos0 || p >= st.pending_pos0 + st.n_pending)
+          throw Error("internal: compactor did not see the whole context prefill");
+        return st.pending.data() + (size_t)(p - st.pending_pos0) * row;
+      };
+      for (; st.next_tile < mid_end; st.next_tile += kTile)
+        score_tile(l, st.next_tile, std::min(mid_end, st.next_tile + kTile), query_row, cache);
+    }
+    rope_.reserve(T);
+    std::vector<float> lev((size_t)(L * Hkv * S)), att((size_t)(L * Hkv * S));
+    parallel_for((int64_t)L * Hkv, [&](int64_t task, int) {
+      const int l = (int)(task / Hkv), hk = (int)(task % Hkv);
+      std::vector<float> keys, values, a((size_t)S, 0.0f);
+      stream_keys(cache, l, hk, keys);
+      stream_values(cache, l, hk, values);
+      float* k_mid = keys.data() + (size_t)left * D;
+      for (int64_t i = 0; i < S; i++) rope_.unrotate(k_mid + (size_t)i * D, (int32_t)(left + i));
+      const std::vector<double> phi = gaussian_sketch(seed_, l, hk, D, kSketch);
+      sketched_leverage(k_mid, S, D, phi.data(), kSketch, &lev[(size_t)(task * S)]);
+      const Layer& st = layers_[(size_t)l];
+      for (int g = 0; g < G; g++) {
+        const std::vector<float>& cs = st.colsum[(size_t)(hk * G + g)];
+        if ((int64_t)cs.size() < mid_end) throw Error("internal: compactor is missing attention tiles");
+        for (int64_t i = 0; i < S; i++) a[(size_t)i] += cs[(size_t)(left + i)];
+      }
+      for (int64_t i = 0; i < S; i++) {
+        const float* v = values.data() + (size_t)(left + i) * D;
+        double vn = 0;
+        for (int d = 0; d < D; d++) vn += (double)v[d] * v[d];
+        a[(size_t)i] = (float)((double)a[(size_t)i] / G * std::sqrt(vn));
+      }
+      avg_pool_same(a.data(), S, 3, &att[(size_t)(task * S)]);
+    });
+    for (int l = 0; l < L; l++) {
+      float* lv = &lev[(size_t)l * Hkv * S];
+      float* at = &att[(size_t)l * Hkv * S];
+      zscore_inplace(lv, Hkv * S);
+      zscore_inplace(at, Hkv * S);
+      for (int hk = 0; hk < Hkv; hk++)
+        for (int64_t i = 0; i < S; i++)
+          out[(size_t)l][(size_t)hk][(size_t)(left + i)] =
+              (float)(blending_ * lv[(size_t)(hk * S + i)]) + at[(size_t)(hk * S + i)];
+    }
+  }
+
+ private:
+  struct Layer {
+    std::vector<float> pending;  // [n_pending][n_head][D] queries of positions pending_pos0..
+    int64_t pending_pos0 = 0, n_pending = 0;
+    int64_t next_tile = kSinkStart;            // first position of the next tile to score
+    std::vector<std::vector<float>> colsum;    // [n_head][slot]: attention received within its tile
+  };
+
+  // Non-causal attention inside the tile [s, e) of layer l: column sums per query head.
+  template <class RowFn>
+  void score_tile(int l, int64_t s, int64_t e, const RowFn& query_row, const KvCache& cache) {
+    const int H = cfg_.n_head, G = cfg_.n_group(), D = cfg_.head_dim;
+    const int64_t n = e - s;
+    const size_t row = (size_t)H * D;
+    Layer& st = layers_[(size_t)l];
+    if (st.colsum.size() != (size_t)H) st.colsum.resize((size_t)H);
+    tile_q_.resize((size_t)n * row);
+    for (int64_t p = s; p < e; p++) std::memcpy(&tile_q_[(size_t)(p - s) * row], query_row(p), row * sizeof(float));
+    parallel_for(H, [&](int64_t hq, int) {
+      const int hk = (int)hq / G;
+      std::vector<float> keys((size_t)(n * D)), kt((size_t)(n * D)), probs((size_t)(n * n));
+      stream_key_range(cache, l, hk, s, n, keys.data());  // slots = positions: the context is whole
+      transpose_rows(keys.data(), D, n, D, kt.data());
+      attention_probs(tile_q_.data() + (size_t)hq * D, (int64_t)row, n, nullptr, kt.data(), n, D, 1.0f, probs.data());
+      std::vector<float>& cs = st.colsum[(size_t)hq];
+      if ((int64_t)cs.size() < e) cs.resize((size_t)e, 0.0f);
+      for (int64_t j = 0; j < n; j++)
+        for (int64_t i = 0; i < n; i++) cs[(size_t)(s + i)] += probs[(size_t)(j * n + i)];
+    });
+  }
+
+  ModelConfig cfg_;
+  double blending_;
+  uint64_t seed_;
+  RopeTable rope_;
+  std::vector<Layer> layers_;
+  std::vector<float> scratch_, tile_q_;
+};
+
+}  // namespace
+
+std::unique_ptr<Scorer> make_compactor_scorer(const ModelConfig& c, double blending, uint64_t seed) {
+  return std::make_unique<CompactorScorer>(c, blending, seed);
+}
+
+namespace {
+RegisterScorer reg({"compactor",
+                    "Compactor: sketched leverage of pre-RoPE keys (x ratio) + non-causal attention in 256-token "
+                    "tiles x ||v||, both z-scored; first 8 and last 4 tokens kept",
+                    false, [](const PressOptions& o, const Model& m) {
+                      return make_compactor_scorer(m.config(), o.ratio, o.seed);
+                    }});
+}  // namespace
+
+}  // namespace kvzap

@@ -1,0 +1,194 @@
+// "expected_attention" (kvzap-spec.md §6, kvpress ExpectedAttentionPress): the attention a key should
+// get from future queries, modelled as Gaussian. Per query head, the pre-RoPE queries of the context
+// (positions >= 4) give a mean mu and covariance Sigma (population); the RoPE rotation averaged over
+// the next 512 positions, Rbar, moves them to mu' = Rbar mu, Sigma' = Rbar Sigma Rbar^T. A key k_i (as
+// cached, after RoPE) gets logit k_i.mu'/sqrt(D) + k_i^T Sigma' k_i / (2D); softmax over the non-sink
+// keys, mean over the group, times (score + epsilon) * ||v_i||. The 4 sink entries score +inf.
+//
+// kvpress builds mu and Sigma from the hidden states and W_q; here they come from the step's queries
+// with RoPE undone, which is the same for models without QK-norm and also defined for Qwen3 (which
+// kvpress rejects). Registry: "expected_attention" is AdaKV(ExpectedAttention, epsilon 1e-2) as in the
+// kvpress leaderboard registry; "expected_attention_uniform" is the bare scorer (epsilon 1e-2).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "kvzap/error.h"
+#include "model/model.h"
+#include "press/baselines.h"
+
+namespace kvzap {
+namespace {
+
+constexpr int kSinks = 4;
+constexpr int kFuturePositions = 512;
+
+class ExpectedAttentionScorer : public CacheContextScorer {
+ public:
+  ExpectedAttentionScorer(const ModelConfig& c, double epsilon)
+      : cfg_(c), epsilon_(epsilon), rope_(c), s1_((size_t)c.n_layer), s2_((size_t)c.n_layer), n_((size_t)c.n_layer, 0) {
+    const size_t H = (size_t)c.n_head, D = (size_t)c.head_dim;
+    for (int l = 0; l < c.n_layer; l++) {
+      s1_[(size_t)l].assign(H * D, 0.0);
+      s2_[(size_t)l].assign(H * D * D, 0.0);
+    }
+  }
+
+  void reset() override {
+    for (auto& s : s1_) std::fill(s.begin(), s.end(), 0.0);
+    for (auto& s : s2_) std::fill(s.begin(), s.end(), 0.0);
+    std::fill(n_.begin(), n_.end(), 0);
+  }
+
+  // Accumulates sum q and sum q q^T of the pre-RoPE queries at positions >= kSinks.
+  void observe_step(const LayerStep& step, const KvCache& cache) override {
+    const int H = cfg_.n_head, D = cfg_.head_dim;
+    const size_t l = (size_t)step.layer;
+    int32_t max_pos = 0;
+    for (int64_t t = 0; t < step.n_tok; t++) max_pos = std::max(max_pos, step.pos[t]);
+    rope_.reserve((int64_t)max_pos + 1);
+    for (int64_t t = 0; t < step.n_tok; t++) n_[l] += step.pos[t] >= kSinks;
+    parallel_for(H, [&](int64_t h, int) {
+      double* s1 = &s1_[l][(size_t)(h * D)];
+      double* s2 = &s2_[l][(size_t)(h * D * D)];
+      std::vector<float> q((size_t)D);
+      std::vector<double> qd((size_t)D);
+      for (int64_t t = 0; t < step.n_tok; t++) {
+        if (step.pos[t] < kSinks) continue;
+        std::copy_n(step.q + (size_t)(t * H + h) * D, D, q.begin());
+        rope_.unrotate(q.data(), step.pos[t]);
+        for (int a = 0; a < D; a++) qd[(size_t)a] = q[(size_t)a];
+        for (int a = 0; a < D; a++) {
+          s1[a] += qd[(size_t)a];
+          const double qa = qd[(size_t)a];
+          double* row = s2 + (size_t)a * D;
+          for (int b = 0; b < D; b++) row[b] += qa * qd[(size_t)b];
+        }
+      }
+    });
+  }
+
+  void score_cache(const KvCache& cache, CacheScores& out) override {
+    const int64_t T = require_full_context(cache, "expected_attention");
+    const int L = cfg_.n_layer, Hkv = cfg_.n_head_kv, G = cfg_.n_group(), D = cfg_.head_dim;
+    size_scores(cache, out);
+    const int64_t n_sink = std::min<int64_t>(kSinks, T);
+    for (int l = 0; l < L; l++)
+      for (int h = 0; h < Hkv; h++)
+        std::fill(out[(size_t)l][(size_t)h].begin(), out[(size_t)l][(size_t)h].begin() + n_sink,
+                  std::numeric_limits<float>::infinity());
+    if (T <= kSinks) return;
+    for (int l = 0; l < L; l++)
+      if (n_[(size_t)l] != T - kSinks) throw Error("internal: expected_attention did not see the whole context prefill");
+
+    // The averaged rotation Rbar as a dense [D][D] matrix (2x2 blocks per frequency).
+    std::vector<double> cbar, sbar;
+    rope_.mean_rotation(T, kFuturePositions, cbar, sbar);
+    std::vector<double> R((size_t)D * D, 0.0);
+    for (int i = 0; i < D / 2; i++) {
+      const auto [a, b] = rope_.pair(i);
+      R[(size_t)a * D + a] = cbar[(size_t)i];
+      R[(size_t)a * D + b] = -sbar[(size_t)i];
+      R[(size_t)b * D + a] = sbar[(size_t)i];
+      R[(size_t)b * D + b] = cbar[(size_t)i];
+    }
+    const int64_t n = T - kSinks;  // scored keys: slots [kSinks, T)
+    parallel_for((int64_t)L * Hkv, [&](int64_t task, int) {
+      const int l = (int)(task / Hkv), hk = (int)(task % Hkv);
+      std::vector<float> keys, values, mu((size_t)D), cov((size_t)D * D), y((size_t)D), logits((size_t)n),
+          acc((size_t)n, 0.0f);
+      stream_keys(cache, l, hk, keys);
+      stream_values(cache, l, hk, values);
+      for (int g = 0; g < G; g++) {
+        rotated_stats(l, hk * G + g, R, mu, cov);
+        for (int64_t i = 0; i < n; i++) {
+          const float* k = keys.data() + (size_t)(kSinks + i) * D;
+          std::fill(y.begin(), y.end(), 0.0f);
+          for (int b = 0; b < D; b++) {  // y = Sigma' k (Sigma' symmetric: row b times k_b)
+            const float kb = k[b];
+            const float* cb = cov.data() + (size_t)b * D;
+            for (int a = 0; a < D; a++) y[(size_t)a] += cb[a] * kb;
+          }
+          double lin = 0, quad = 0;
+          for (int a = 0; a < D; a++) {
+            lin += (double)k[a] * mu[(size_t)a];
+            quad += (double)k[a] * y[(size_t)a];
+          }
+          logits[(size_t)i] = (float)(lin / std::sqrt((double)D) + quad / (2.0 * D));
+        }
+        float mx = -std::numeric_limits<float>::infinity();
+        for (float x : logits) mx = std::max(mx, x);
+        double sum = 0;
+        for (float& x : logits) sum += (x = std::exp(x - mx));
+        for (int64_t i = 0; i < n; i++) acc[(size_t)i] += (float)(logits[(size_t)i] / sum);
+      }
+      std::vector<float>& s = out[(size_t)l][(size_t)hk];
+      for (int64_t i = 0; i < n; i++) {
+        const float* v = values.data() + (size_t)(kSinks + i) * D;
+        double vn = 0;
+        for (int a = 0; a < D; a++) vn += (double)v[a] * v[a];
+        s[(size_t)(kSinks + i)] = (float)(((double)acc[(size_t)i] / G + epsilon_) * std::sqrt(vn));
+      }
+    });
+  }
+
+ private:
+  // mu' = Rbar mu and Sigma' = Rbar Sigma Rbar^T of query head h in layer l, as floats.
+  void rotated_stats(int l, int h, const std::vector<double>& R, std::vector<float>& mu_out, std::vector<float>& cov_out) const {
+    const int D = cfg_.head_dim;
+    const double n = (double)n_[(size_t)l];
+    const double* s1 = &s1_[(size_t)l][(size_t)h * D];
+    const double* s2 = &s2_[(size_t)l][(size_t)h * D * D];
+    std::vector<double> mu((size_t)D), cov((size_t)D * D), tmp((size_t)D * D, 0.0);
+    for (int a = 0; a < D; a++) mu[(size_t)a] = s1[a] / n;
+    for (int a = 0; a < D; a++)
+      for (int b = 0; b < D; b++) cov[(size_t)a * D + b] = s2[(size_t)a * D + b] / n - mu[(size_t)a] * mu[(size_t)b];
+    for (int a = 0; a < D; a++) {
+      double m = 0;
+      for (int b = 0; b < D; b++) m += R[(size_t)a * D + b] * mu[(size_t)b];
+      mu_out[(size_t)a] = (float)m;
+    }
+    for (int a = 0; a < D; a++)  // tmp = R cov
+      for (int c = 0; c < D; c++) {
+        const double r = R[(size_t)a * D + c];
+        if (r == 0) continue;
+        for (int b = 0; b < D; b++) tmp[(size_t)a * D + b] += r * cov[(size_t)c * D + b];
+      }
+    for (int a = 0; a < D; a++)  // cov' = tmp R^T
+      for (int b = 0; b < D; b++) {
+        double x = 0;
+        for (int c = 0; c < D; c++) x += tmp[(size_t)a * D + c] * R[(size_t)b * D + c];
+        cov_out[(size_t)a * D + b] = (float)x;
+      }
+  }
+
+  ModelConfig cfg_;
+  double epsilon_;
+  RopeTable rope_;
+  std::vector<std::vector<double>> s1_;  // [layer][n_head][D]: sum of pre-RoPE queries
+  std::vector<std::vector<double>> s2_;  // [layer][n_head][D][D]: sum of q q^T
+  std::vector<int64_t> n_;               // [layer] queries accumulated
+};
+
+}  // namespace
+
+std::unique_ptr<Scorer> make_expected_attention_scorer(const ModelConfig& c, double epsilon) {
+  return std::make_unique<ExpectedAttentionScorer>(c, epsilon);
+}
+
+namespace {
+RegisterScorer reg({"expected_attention",
+                    "AdaKV(ExpectedAttention, eps 1e-2) as kvpress registers it: attention expected from future "
+                    "queries (Gaussian stats of the context's queries, RoPE averaged over 512 positions) x ||v||",
+                    false,
+                    [](const PressOptions&, const Model& m) {
+                      return make_adakv_scorer(make_expected_attention_scorer(m.config(), 1e-2));
+                    }});
+RegisterScorer reg_uniform({"expected_attention_uniform",
+                            "ExpectedAttention (eps 1e-2) without AdaKV: the budget follows --ratio-scope", false,
+                            [](const PressOptions&, const Model& m) {
+                              return make_expected_attention_scorer(m.config(), 1e-2);
+                            }});
+}  // namespace
+
+}  // namespace kvzap

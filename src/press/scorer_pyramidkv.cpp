@@ -1,0 +1,54 @@
+// "pyramidkv" (kvzap-spec.md §6, kvpress PyramidKVPress): SnapKV scores, but lower layers keep more
+// entries than higher ones. Layer l keeps the same count per head, pyramid_layer_budget(); the ratio
+// scope does not apply.
+#include <cmath>
+
+#include "model/model.h"
+#include "press/baselines.h"
+
+namespace kvzap {
+
+int64_t pyramid_layer_budget(int64_t T, double ratio, int layer, int n_layer, int window, int beta) {
+  // Python's round() rounds halves to even, as nearbyint does in the default rounding mode.
+  const double fallback = std::nearbyint((double)T * (1.0 - ratio));
+  const double cap = (double)window + (double)T * (1.0 - ratio);
+  double min_num = (cap - window) / beta;
+  double max_num = (cap - window) * 2 - min_num;
+  if (max_num >= (double)(T - window)) {
+    max_num = (double)(T - window);
+    min_num = (cap - window) * 2 - max_num;
+  }
+  if (!((double)T >= max_num && max_num >= min_num && min_num >= window) || n_layer < 2) return (int64_t)fallback;
+  const double steps = (max_num - min_num) / (n_layer - 1);
+  return (int64_t)std::nearbyint(max_num - layer * steps);
+}
+
+namespace {
+
+class PyramidKvScorer : public SnapKvScorer, public BudgetSplit {
+ public:
+  explicit PyramidKvScorer(const ModelConfig& c) : SnapKvScorer(c) {}
+  std::string budget_name() const override { return "pyramid"; }
+  void mark_evictions(const KvCache& cache, const CacheScores& scores, double ratio, EvictionMask& drop) override {
+    const int H = cache.n_head_kv();
+    for (int l = 0; l < cache.n_layer(); l++)
+      for (int h = 0; h < H; h++) {
+        const int64_t T = cache.length(l, h);
+        const int64_t keep = pyramid_layer_budget(T, ratio, l, cache.n_layer(), window_);
+        mark_lowest_in_stream(scores[(size_t)l][(size_t)h], T - keep, drop[(size_t)l * H + h]);
+      }
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Scorer> make_pyramidkv_scorer(const ModelConfig& c) { return std::make_unique<PyramidKvScorer>(c); }
+
+namespace {
+RegisterScorer reg({"pyramidkv",
+                    "PyramidKV: SnapKV scores with per-layer budgets decreasing linearly with depth (beta 20), "
+                    "same count per head",
+                    false, [](const PressOptions&, const Model& m) { return make_pyramidkv_scorer(m.config()); }});
+}  // namespace
+
+}  // namespace kvzap
