@@ -9,8 +9,8 @@
 //    formats as 0..15 / 0..31, Q8_0 as q + 128 (xor 0x80). vpdpbusd(u8 weight, s8 activation) then gives
 //    sum q_w * q_a per 4 bytes; the offsets (-8, -16, +128) are removed exactly by starting each int32
 //    lane at -offset * (sum of its 4 activation quants), so every lane holds its exact signed partial.
-//  * Per (row, token) a float accumulator takes isum * (d_w * d_a) lane-wise; Q4_1/Q5_1 add
-//    sum_b m_b * s_b (16 blocks per vector) afterwards; the 16 lanes are summed by folding halves.
+//  * Per (row, token) a float accumulator takes isum * (d_w * d_a) lane-wise; Q4_1/Q5_1 also take
+//    m_b * s_b for 16 blocks after every 8 pairs; at the end the 16 lanes are summed by folding halves.
 //  * Prefill: a 4-row x 4-token tile reuses every unpacked weight pair 4 times (rows are packed once
 //    per work item into the thread's workspace and reused for all its tokens).
 //    Decode (one token): rows are read straight from the GGUF data, 4 at a time, with prefetching.
@@ -314,7 +314,7 @@ struct GemvState {
   const uint8_t* a;
   size_t prefetch_distance;
   __m512i idx_d, idx_m;
-  __m512 acc[NR], macc[NR], mvec[NR];
+  __m512 acc[NR], mvec[NR];
 
   template <bool kMasked>
   inline void step(int64_t p, bool has_b1) {
@@ -342,8 +342,8 @@ __attribute__((always_inline)) inline void gemv_rows(const uint8_t* const* rows,
                       float* out) {
   using F = Fmt<T>;
   const int64_t np = n_pairs(nb * kQK);
-  GemvState<T, NR> st{rows, a, prefetch_distance, d_lane_index<T>(), m_lane_index<T>(), {}, {}, {}};
-  for (int r = 0; r < NR; ++r) st.acc[r] = st.macc[r] = st.mvec[r] = _mm512_setzero_ps();
+  GemvState<T, NR> st{rows, a, prefetch_distance, d_lane_index<T>(), m_lane_index<T>(), {}, {}};
+  for (int r = 0; r < NR; ++r) st.acc[r] = st.mvec[r] = _mm512_setzero_ps();
   const float* s = F::kMin ? (const float*)(a + (size_t)np * act_pair_bytes<T>()) : nullptr;
   // Chunks of 8 pairs = the 16 blocks of one m / s vector; only the row's last pair or two need care
   // (masked loads, possibly a missing second block).
@@ -353,17 +353,16 @@ __attribute__((always_inline)) inline void gemv_rows(const uint8_t* const* rows,
     const int64_t plain_end = end < n_full ? end : (c > n_full ? c : n_full);
     for (int64_t p = c; p < plain_end; ++p) st.template step<false>(p, true);
     for (int64_t p = plain_end; p < end; ++p) st.template step<true>(p, 2 * p + 1 < nb);
-    if constexpr (F::kMin) {
+    if constexpr (F::kMin) {  // + m_b * s_b of this chunk's 16 blocks, where tile() adds it too
       const __m512 sv = _mm512_load_ps(s + 2 * c);
       for (int r = 0; r < NR; ++r) {
-        st.macc[r] = _mm512_fmadd_ps(st.mvec[r], sv, st.macc[r]);
+        st.acc[r] = _mm512_fmadd_ps(st.mvec[r], sv, st.acc[r]);
         st.mvec[r] = _mm512_setzero_ps();
       }
     }
   }
   __m512 v[4];
-  for (int r = 0; r < 4; ++r)
-    v[r] = r < NR ? (F::kMin ? _mm512_add_ps(st.acc[r], st.macc[r]) : st.acc[r]) : _mm512_setzero_ps();
+  for (int r = 0; r < 4; ++r) v[r] = r < NR ? st.acc[r] : _mm512_setzero_ps();
   const __m512 sums = reduce4(v[0], v[1], v[2], v[3]);
   _mm512_mask_storeu_ps(out, (__mmask16)((1u << NR) - 1), sums);
 }
@@ -422,9 +421,9 @@ template <GgmlType T, int NT>
 inline void tile(const uint8_t* pack, const uint8_t* const* a, int64_t np, int64_t nbp, int nr, float* y,
                  int64_t ldy) {
   constexpr size_t kAct = act_pair_bytes<T>();
-  __m512 acc[kRows][NT];
-  for (int r = 0; r < kRows; ++r)
-    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+  const float* m = Fmt<T>::kMin ? (const float*)(pack + (size_t)np * kPackPair) : nullptr;  // [row][nbp]
+  __m512 acc[16];  // [row][token], as reduce16 wants it
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t p = 0; p < np; ++p) {
     const uint8_t* g = pack + (size_t)p * kPackPair;
     __m512i wz[kRows];
@@ -438,29 +437,23 @@ inline void tile(const uint8_t* pack, const uint8_t* const* a, int64_t np, int64
       for (int r = 0; r < kRows; ++r) {
         const __m512i isum = _mm512_dpbusd_epi32(init, wz[r], av);
         const __m512 dwv = _mm512_load_ps((const float*)(g + (size_t)(kRows + r) * kZ));
-        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dwv, da), acc[r][t]);
+        acc[4 * r + t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dwv, da), acc[4 * r + t]);
       }
     }
-  }
-  __m512 v[16];
-  for (int r = 0; r < kRows; ++r)
-    for (int t = 0; t < kToks; ++t) v[4 * r + t] = t < NT ? acc[r][t] : _mm512_setzero_ps();
-  if constexpr (Fmt<T>::kMin) {
-    // + sum_b m_b * s_b, 16 blocks at a time as gemv_rows does; one row's NT chains side by side.
-    for (int r = 0; r < kRows; ++r) {
-      const float* m = (const float*)(pack + (size_t)np * kPackPair) + (size_t)r * nbp;
-      __m512 macc[NT];
-      for (int t = 0; t < NT; ++t) macc[t] = _mm512_setzero_ps();
-      for (int64_t b = 0; b < nbp; b += 16) {
-        const __m512 mv = _mm512_load_ps(m + b);
-        for (int t = 0; t < NT; ++t)
-          macc[t] = _mm512_fmadd_ps(mv, _mm512_load_ps((const float*)(a[t] + (size_t)np * kAct) + b), macc[t]);
+    if constexpr (Fmt<T>::kMin) {
+      if ((p & 7) == 7 || p == np - 1) {  // + m_b * s_b of the 16 blocks just finished, as gemv_rows does
+        const int64_t b0 = (p & ~(int64_t)7) * 2;
+        for (int r = 0; r < kRows; ++r) {
+          const __m512 mv = _mm512_load_ps(m + (size_t)r * nbp + b0);
+          for (int t = 0; t < NT; ++t)
+            acc[4 * r + t] = _mm512_fmadd_ps(mv, _mm512_load_ps((const float*)(a[t] + (size_t)np * kAct) + b0),
+                                             acc[4 * r + t]);
+        }
       }
-      for (int t = 0; t < NT; ++t) v[4 * r + t] = _mm512_add_ps(v[4 * r + t], macc[t]);
     }
   }
   alignas(64) float sums[16];  // [token][row]
-  _mm512_store_ps(sums, reduce16(v));
+  _mm512_store_ps(sums, reduce16(acc));
   const __mmask8 rows_valid = (__mmask8)((1u << nr) - 1);
   for (int t = 0; t < NT; ++t) _mm_mask_storeu_ps(y + t * ldy, rows_valid, _mm_load_ps(sums + 4 * t));
 }
