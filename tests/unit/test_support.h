@@ -1,0 +1,56 @@
+// Shared helpers for tests: where the default model and the kvzap binary are, and running the CLI.
+#pragma once
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace kvzap::test {
+
+// $KVZAP_MODEL, else $KVZAP_MODELS/<file>, else ${XDG_CACHE_HOME:-$HOME/.cache}/kvzap/models/<file>.
+inline std::string default_model_path() {
+  if (const char* m = std::getenv("KVZAP_MODEL"); m && *m) return m;
+  const std::string file = "SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (const char* d = std::getenv("KVZAP_MODELS"); d && *d) return std::string(d) + "/" + file;
+  std::string cache;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) cache = x;
+  else cache = std::string(std::getenv("HOME") ? std::getenv("HOME") : "/root") + "/.cache";
+  return cache + "/kvzap/models/" + file;
+}
+
+// $KVZAP_BIN (ctest sets it), else the kvzap next to the test binary.
+inline std::string kvzap_bin() {
+  if (const char* b = std::getenv("KVZAP_BIN"); b && *b) return b;
+  return (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "kvzap").string();
+}
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+inline std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs `args` (already shell-quoted) through /bin/sh with stdout and stderr captured separately.
+inline CommandResult run_kvzap(const std::string& args) {
+  static int counter = 0;
+  const std::string base = (std::filesystem::temp_directory_path() /
+                            ("kvzap_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++))).string();
+  const std::string cmd = "'" + kvzap_bin() + "' " + args + " >'" + base + ".out' 2>'" + base + ".err' </dev/null";
+  const int status = std::system(cmd.c_str());
+  CommandResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = slurp(base + ".out");
+  r.err = slurp(base + ".err");
+  std::filesystem::remove(base + ".out");
+  std::filesystem::remove(base + ".err");
+  return r;
+}
+
+}  // namespace kvzap::test
