@@ -19,9 +19,9 @@ if [ "$need_apt" = 1 ]; then
 fi
 
 # Python is only used by checks and benchmarks (never by the engine).
-python3 -c "import numpy, safetensors" 2>/dev/null || \
-  python3 -m pip install -q numpy safetensors 2>/dev/null || \
-  python3 -m pip install -q --break-system-packages numpy safetensors
+python3 -c "import numpy, safetensors, gguf" 2>/dev/null || \
+  python3 -m pip install -q numpy safetensors "gguf>=0.19" 2>/dev/null || \
+  python3 -m pip install -q --break-system-packages numpy safetensors "gguf>=0.19"
 
 BUILD_DIR="${KVZAP_BUILD_DIR:-build}"
 launcher=""

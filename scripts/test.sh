@@ -1,13 +1,26 @@
 #!/usr/bin/env bash
-# The whole test suite: set-up, unit and end-to-end tests (ctest), then the golden peer checks
-# against llama.cpp's recorded outputs. Exits non-zero if anything fails.
+# The whole test suite: set-up, unit and end-to-end tests (ctest), then the Python checks against peers
+# (llama.cpp golden files, NumPy recomputations, tiny-model references, passkey retrieval).
+# Exits non-zero if anything fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 BUILD_DIR="${KVZAP_BUILD_DIR:-build}"
 export KVZAP_BIN="$PWD/$BUILD_DIR/kvzap"
 (cd "$BUILD_DIR" && ctest --output-on-failure -j"$(nproc)")
-for t in tests/python/check_*.py; do
-  echo "== $t"
-  python3 "$t"
-done
+
+failed=0
+run_check() {
+  echo "== $*"
+  if ! python3 "$@"; then failed=$((failed + 1)); echo "!! FAILED: $*"; fi
+}
+run_check tests/python/check_golden.py
+run_check tests/python/check_tiny_arch.py
+run_check tests/python/check_surrogate_roundtrip.py --run "$BUILD_DIR/kvzap_tests"
+[ -f tests/python/check_kvzip_numpy.py ] && run_check tests/python/check_kvzip_numpy.py
+run_check tests/python/check_passkey.py
+if [ "$failed" -ne 0 ]; then
+  echo "$failed Python check(s) failed"
+  exit 1
+fi
+echo "all Python checks passed"

@@ -19,11 +19,11 @@ struct EvalArgs {
   int64_t length = 0, samples = 20, first_index = 0;
   std::vector<std::string> tasks;
   uint64_t seed = 42;
-  bool quiet = false;
+  bool quiet = false, scope_given = false;
 };
 
 // --press none (or no --press) = the full cache.
-std::optional<PressOptions> press_options(const PressArgs& a) {
+std::optional<PressOptions> press_options(const PressArgs& a, bool scope_given) {
   const bool has_t = a.threshold_opt && a.threshold_opt->count() > 0;
   const bool has_r = a.ratio_opt && a.ratio_opt->count() > 0;
   if (a.name.empty() || a.name == "none" || a.name == "no_press") {
@@ -37,7 +37,8 @@ std::optional<PressOptions> press_options(const PressArgs& a) {
   o.threshold = a.threshold;
   o.has_ratio = has_r;
   o.ratio = a.ratio;
-  o.ratio_scope = a.scope;
+  // Without --ratio-scope, split the budget as kvpress does for this press.
+  o.ratio_scope = scope_given ? a.scope : eval::kvpress_ratio_scope(a.name);
   o.window = a.window;
   o.decoding = a.decoding;
   o.surrogate_dir = a.surrogate;
@@ -56,7 +57,7 @@ void print_table(const eval::CellResult& cell) {
 
 int run_eval(EvalArgs a) {
   if (a.suite != "ruler") throw Error("unknown suite '" + a.suite + "' (available: ruler)");
-  const std::optional<PressOptions> press = press_options(a.press);
+  const std::optional<PressOptions> press = press_options(a.press, a.scope_given);
   auto model = a.m.load_model();
   // A sample for length N fits N tokens with its answer; KVzip scoring also feeds a repeat of the
   // context, so leave room for twice that (within what the session accepts).
@@ -104,7 +105,10 @@ RegisterCommand reg("eval", "run the offline RULER-style suite under a press and
   sub.add_option("--seed", a->seed, "suite seed");
   sub.add_option("--out", a->out, "output folder (samples.jsonl, tasks.csv, tasks.json, summary.json)")->required();
   sub.add_flag("-q,--quiet", a->quiet, "no progress on stderr");
-  return [a]() { return run_eval(*a); };
+  return [a, &sub]() {
+    a->scope_given = sub.get_option("--ratio-scope")->count() > 0;
+    return run_eval(*a);
+  };
 });
 
 }  // namespace

@@ -1,11 +1,13 @@
 // kvzap faithfulness: teacher-forced agreement of a pressed cache with the full cache on held-out
 // text (KL(full || pressed), top-1 agreement, NLL difference), as one JSON object.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
 
 #include "cli/cli_common.h"
 #include "eval/faithfulness.h"
+#include "eval/runner.h"
 
 namespace kvzap::cli {
 namespace {
@@ -14,20 +16,24 @@ struct FaithArgs {
   ModelArgs m;
   PressArgs press;
   std::string file, out;
-  bool decoding_alias = false, quiet = false;
+  bool decoding_alias = false, quiet = false, scope_given = false;
   eval::FaithfulnessOptions opt;
 };
 
 int run_faithfulness(FaithArgs a) {
   if (a.decoding_alias) a.press.decoding = true;
   if (a.press.name == "none" || a.press.name == "no_press") a.press.name.clear();
+  if (!a.scope_given) a.press.scope = eval::kvpress_ratio_scope(a.press.name);  // as kvpress splits it
   const std::string text = read_text_file(a.file);
   auto model = a.m.load_model();
   std::unique_ptr<Press> press = a.press.make(*model);
   const Tokenizer& tok = model->tokenizer();
   const std::vector<int32_t> ids = tok.encode(text, tok.vocab().add_bos, /*parse_special=*/false);
   const int64_t span = a.opt.context_tokens + a.opt.window_tokens + 1;
-  if (a.m.ctx == 0) a.m.ctx = span;
+  // Room for KVzip's repeat-the-context scoring pass, within what the session accepts.
+  if (a.m.ctx == 0)
+    a.m.ctx = std::max<int64_t>(span, std::min<int64_t>(span + a.opt.context_tokens + 256,
+                                                         4 * (int64_t)model->config().n_ctx_train));
   Session full(*model, a.m.session_options());
   Session pressed(*model, a.m.session_options());
 
@@ -86,7 +92,10 @@ RegisterCommand reg("faithfulness", "teacher-forced agreement of a pressed cache
                           ->check(CLI::Range((int64_t)1, (int64_t)1 << 20));
                       sub.add_option("--out", a->out, "also write the JSON to this file");
                       sub.add_flag("-q,--quiet", a->quiet, "no progress on stderr");
-                      return [a]() { return run_faithfulness(*a); };
+                      return [a, &sub]() {
+                        a->scope_given = sub.get_option("--ratio-scope")->count() > 0;
+                        return run_faithfulness(*a);
+                      };
                     });
 
 }  // namespace

@@ -14,7 +14,7 @@ namespace {
 
 struct PerplexityArgs {
   ModelArgs m;
-  std::string file, jsonl;
+  std::string file, jsonl, dump_logits;
   int64_t window = 2048;
   bool json = false;
 };
@@ -36,6 +36,11 @@ int run_perplexity(PerplexityArgs a) {
     out = std::fopen(a.jsonl.c_str(), "w");
     if (!out) throw Error(a.jsonl + ": cannot open for writing");
   }
+  std::FILE* dump = nullptr;
+  if (!a.dump_logits.empty()) {
+    dump = std::fopen(a.dump_logits.c_str(), "wb");
+    if (!dump) throw Error(a.dump_logits + ": cannot open for writing");
+  }
   double sum_lp = 0;
   int64_t n_scored = 0, n_top1_self = 0;
   const int64_t n = (int64_t)ids.size();
@@ -45,6 +50,7 @@ int run_perplexity(PerplexityArgs a) {
     for (int64_t c0 = w0; c0 < w1; c0 += B) {
       const int64_t c1 = std::min(w1, c0 + B);
       session.forward().run(&ids[c0], c1 - c0, session.cache(), LogitsMode::All, logits.data());
+      if (dump) std::fwrite(logits.data(), sizeof(float), (size_t)((c1 - c0) * V), dump);
       for (int64_t t = c0; t < c1; t++) {
         const int64_t next = t + 1;
         if (next >= w1) break;
@@ -62,6 +68,7 @@ int run_perplexity(PerplexityArgs a) {
   }
   std::fprintf(stderr, "\n");
   if (out) std::fclose(out);
+  if (dump) std::fclose(dump);
   const double ppl = std::exp(-sum_lp / (double)n_scored);
   if (a.json) {
     nlohmann::json j{{"perplexity", ppl}, {"n_scored", n_scored}, {"mean_logprob", sum_lp / n_scored},
@@ -80,6 +87,7 @@ RegisterCommand reg("perplexity", "teacher-forced log-probabilities and perplexi
   sub.add_option("--jsonl", a->jsonl, "write one JSON object per predicted token {pos, token, logprob, top1}");
   sub.add_option("--window", a->window, "tokens per scoring window (each starts from an empty cache)")->check(CLI::Range((int64_t)2, (int64_t)1 << 20));
   sub.add_flag("--json", a->json, "print a JSON summary");
+  sub.add_option("--dump-logits", a->dump_logits, "write every position's logits as raw float32 [n_tokens][n_vocab]");
   return [a]() { return run_perplexity(*a); };
 });
 

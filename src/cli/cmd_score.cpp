@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "cli/cli_common.h"
+#include "engine/pipeline.h"
 #include "press/kvzip.h"
 
 namespace kvzap::cli {
@@ -27,8 +28,8 @@ int run_score(const ScoreArgs& a) {
   const Tokenizer& tok = model->tokenizer();
   const std::string text = prompt_from(a.prompt, a.file);
   std::vector<int32_t> ids;
-  if (a.chat)
-    ids = tok.encode(apply_chat_template(detect_chat_format(tok.vocab()), {{"user", text}}), false, true);
+  if (a.chat)  // the context as the kvpress pipeline prefills it: template prefix + text (question later)
+    ids = build_context_prompt(tok, text, {}, true).context_ids;
   else
     ids = tok.encode(text, tok.vocab().add_bos, true);
   if (ids.empty()) throw Error("the text is empty");
@@ -92,7 +93,7 @@ RegisterCommand reg("score", "KVzip / KVzip+ log-scores of a text per (layer, KV
   sub.add_option("-f,--file", a->file, "read the text from a file");
   sub.add_option("--out", a->out, "output JSON file")->required();
   sub.add_option("--method", a->method, "kvzip+ (default) or kvzip")->check(CLI::IsMember({"kvzip+", "kvzip"}));
-  sub.add_flag("--chat", a->chat, "wrap the text in the chat template as a user turn (as the kvpress pipeline does)");
+  sub.add_flag("--chat", a->chat, "put the chat-template prefix (system turn, user header) before the text, as the kvpress pipeline does");
   sub.add_option("--dump-layer", a->dump_layer, "write the tensors this layer used for the first chunk (with --dump-dir)")
       ->check(CLI::Range(0, 1 << 16));
   sub.add_option("--dump-dir", a->dump_dir, "folder for the --dump-layer .npy files and meta.json");

@@ -14,7 +14,7 @@ struct SweepArgs {
   ModelArgs m;
   std::vector<std::string> presses, tasks;
   std::vector<double> ratios, thresholds;
-  std::string out, scope = "global", surrogate;
+  std::string out, scope = "kvpress", surrogate;
   int64_t length = 0, samples = 20, first_index = 0;
   uint64_t seed = 42, press_seed = 42;
   int window = 128;
@@ -91,7 +91,10 @@ RegisterCommand reg("sweep", "run the suite over a grid of presses and settings 
   sub.add_option("--seed", a->seed, "suite seed");
   sub.add_option("--out", a->out, "output folder: one subfolder per cell and results.csv")->required();
   sub.add_option("--window", a->window, "threshold presses never judge the most recent W tokens")->check(CLI::Range(0, 1 << 20));
-  sub.add_option("--ratio-scope", a->scope, "ratio budget: global, layer or head")->check(CLI::IsMember({"global", "layer", "head"}));
+  sub.add_option("--ratio-scope", a->scope,
+                 "ratio budget: kvpress (each press as kvpress splits it: per head, KVzip global), global, layer, "
+                 "head or adakv")
+      ->check(CLI::IsMember({"kvpress", "global", "layer", "head", "adakv"}));
   sub.add_flag("--decode-press", a->decoding, "threshold presses keep pruning question and answer tokens");
   sub.add_option("--surrogate", a->surrogate, "KVzap surrogate folder (for a sweep with one kvzap press)");
   sub.add_option("--press-seed", a->press_seed, "seed of the random press");

@@ -82,6 +82,7 @@ void Progress::update(int64_t done, const std::string& extra) {
   const auto now = std::chrono::steady_clock::now();
   const double since = std::chrono::duration<double>(now - last_draw_).count();
   if (since < (tty_ ? 0.2 : log_interval_) && drawn_) return;
+  if (!tty_ && drawn_ && total_ > 0 && done_ >= total_) return;  // finish() prints the last line
   draw(false);
 }
 

@@ -11,6 +11,7 @@
 #include "eval/rng.h"
 #include "kvzap/error.h"
 #include "model/model.h"
+#include "press/policy.h"
 
 namespace kvzap::eval {
 
@@ -246,11 +247,15 @@ std::vector<SampleOutcome> run_samples(Session& session, Press* press, const Pro
 // ----------------------------------------------------------------------------------------------
 // Cells.
 
+std::string kvpress_ratio_scope(const std::string& press) {
+  return press == "kvzip" || press == "kvzip+" ? "global" : "head";
+}
+
 std::string press_label(const PressOptions* p) {
   if (!p || p->name.empty()) return "no_press";
   std::string s = p->name;
   if (p->decoding) s += "+decoding";
-  if (p->has_ratio && p->ratio_scope != "global") s += "@" + p->ratio_scope;
+  if (p->has_ratio && p->ratio_scope != kvpress_ratio_scope(p->name)) s += "@" + p->ratio_scope;
   return s;
 }
 
@@ -360,10 +365,14 @@ std::vector<PressOptions> plan_sweep(const std::vector<std::string>& presses, co
   std::vector<PressOptions> cells;
   if (include_full_cache) cells.push_back(PressOptions{});
   for (const std::string& spec : presses) {
-    std::string name = spec, forced;
-    if (const size_t colon = spec.rfind(':'); colon != std::string::npos) {
-      name = spec.substr(0, colon);
-      forced = spec.substr(colon + 1);
+    std::string name = spec, forced, scope = base.ratio_scope;
+    if (const size_t at = name.rfind('@'); at != std::string::npos) {
+      scope = name.substr(at + 1);
+      name = name.substr(0, at);
+    }
+    if (const size_t colon = name.rfind(':'); colon != std::string::npos) {
+      forced = name.substr(colon + 1);
+      name = name.substr(0, colon);
       if (forced != "ratio" && forced != "threshold")
         throw Error("press '" + spec + "': the policy after ':' must be 'ratio' or 'threshold'");
     }
@@ -388,6 +397,8 @@ std::vector<PressOptions> plan_sweep(const std::vector<std::string>& presses, co
       o.has_ratio = !by_threshold;
       o.threshold = by_threshold ? v : 0;
       o.ratio = by_threshold ? 0 : v;
+      o.ratio_scope = scope == "kvpress" ? kvpress_ratio_scope(name) : scope;
+      parse_ratio_scope(o.ratio_scope);  // fail on a typo before anything runs
       if (!by_threshold) o.decoding = false;  // decoding-time pruning is the threshold policy's
       const std::string dir = cell_dir_name(&o);
       bool dup = false;

@@ -80,8 +80,15 @@ struct RunOptions {
 std::vector<SampleOutcome> run_samples(Session& session, Press* press, const PromptBuilder& prompts,
                                        const std::vector<Sample>& samples, const RunOptions& opt = {});
 
+// The budget split kvpress uses for a press at a fixed ratio: one global bottom-k over all layers
+// and heads for KVzip/KVzip+ (KVzipPress.compress_post), the same count per KV head for every other
+// ScorerPress (its default top-k). Presses with their own split (AdaKV wrappers, PyramidKV, ChunkKV)
+// ignore the scope.
+std::string kvpress_ratio_scope(const std::string& press);
+
 // What a cell's results are labelled with in ResultRows: "no_press" without a press, else the press
-// name, with "+decoding" for decoding-time pruning and "@layer"/"@head" for a non-global ratio scope.
+// name, with "+decoding" for decoding-time pruning and "@<scope>" when a ratio press uses another
+// budget split than kvpress_ratio_scope().
 std::string press_label(const PressOptions* press);
 std::string setting_kind(const PressOptions* press);  // "none" | "ratio" | "threshold"
 double setting_value(const PressOptions* press);
@@ -120,8 +127,9 @@ bool cell_finished(const std::string& cell_dir);
 // The sweep grid: the full-cache cell first, then for each press its settings. Presses that only
 // support a ratio always get `ratios`; per-step presses get `thresholds` when their name starts
 // with "kvzap" (the leaderboard runs KVzap by threshold) and `ratios` otherwise. A name may force
-// the policy with a suffix: "knorm:threshold", "kvzap-mlp:ratio". `base` supplies window, scope,
-// decoding, seed and surrogate folder. Throws kvzap::Error for an unknown press or a press left
+// the policy and the ratio scope: "knorm:threshold", "kvzap-mlp:ratio", "knorm@global",
+// "snapkv:ratio@adakv". `base` supplies window, decoding, seed, surrogate folder and the scope
+// ("kvpress" = kvpress_ratio_scope() of each press). Throws kvzap::Error for an unknown press or a press left
 // without settings.
 std::vector<PressOptions> plan_sweep(const std::vector<std::string>& presses, const std::vector<double>& ratios,
                                      const std::vector<double>& thresholds, const PressOptions& base,

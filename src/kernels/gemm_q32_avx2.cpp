@@ -87,14 +87,8 @@ inline int hsum8_epi32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-// roundf (half away from zero), exactly.
-inline __m256 round_half_away(__m256 v) {
-  const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-  const __m256 sign_mask = _mm256_set1_ps(-0.0f);
-  const __m256 frac = _mm256_andnot_ps(sign_mask, _mm256_sub_ps(v, t));
-  const __m256 step = _mm256_or_ps(_mm256_and_ps(v, sign_mask), _mm256_set1_ps(1.0f));
-  return _mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ), step));
-}
+// Round half to even, as ggml's x86 activation quantizers do (_MM_ROUND_NEAREST).
+inline __m256 round_nearest_even(__m256 v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 
 // ---------------------------------------------------------------- activations
 
@@ -111,10 +105,11 @@ void prepare_act(const float* x, uint8_t* dst, int64_t n) {
       v[k] = _mm256_loadu_ps(x + 8 * k);
       amax = _mm256_max_ps(amax, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v[k]));
     }
-    const float d = hmax8(amax) / 127;
-    const __m256 id = _mm256_set1_ps(d ? 1.0f / d : 0.0f);
+    const float m = hmax8(amax);
+    const float d = m / 127;
+    const __m256 id = _mm256_set1_ps(m != 0.0f ? 127.0f / m : 0.0f);
     __m256i q[4];
-    for (int k = 0; k < 4; ++k) q[k] = _mm256_cvttps_epi32(round_half_away(_mm256_mul_ps(v[k], id)));
+    for (int k = 0; k < 4; ++k) q[k] = _mm256_cvttps_epi32(round_nearest_even(_mm256_mul_ps(v[k], id)));
     const int sum = hsum8_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
     const __m256i p16a = _mm256_packs_epi32(q[0], q[1]);  // lane-interleaved; permute below restores order
     const __m256i p16b = _mm256_packs_epi32(q[2], q[3]);

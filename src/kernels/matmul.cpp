@@ -220,9 +220,16 @@ void matmul(const WeightMatrix& w, const float* x, int64_t n_tok, float* y, Thre
     uint8_t* dst = align_up(scratch.act.data());
     constexpr int64_t kPrepTokens = 8;
     if (nth > 1 && n_tok >= 2 * kPrepTokens) {
-      pool.parallel_for((n_tok + kPrepTokens - 1) / kPrepTokens, [&](int64_t c, int) {
-        for (int64_t t = c * kPrepTokens; t < std::min(n_tok, (c + 1) * kPrepTokens); ++t)
-          k.prepare_act(x + t * n_in, dst + (size_t)t * act_stride, n_in);
+      struct Prep {  // one captured pointer keeps the std::function inline (no allocation)
+        const MatmulKernel* k;
+        const float* x;
+        uint8_t* dst;
+        size_t stride;
+        int64_t n_in, n_tok;
+      } prep{&k, x, dst, act_stride, n_in, n_tok};
+      pool.parallel_for((n_tok + kPrepTokens - 1) / kPrepTokens, [p = &prep](int64_t c, int) {
+        for (int64_t t = c * kPrepTokens; t < std::min(p->n_tok, (c + 1) * kPrepTokens); ++t)
+          p->k->prepare_act(p->x + t * p->n_in, p->dst + (size_t)t * p->stride, p->n_in);
       });
     } else {
       for (int64_t t = 0; t < n_tok; ++t) k.prepare_act(x + t * n_in, dst + (size_t)t * act_stride, n_in);
@@ -248,13 +255,23 @@ void matmul(const WeightMatrix& w, const float* x, int64_t n_tok, float* y, Thre
     work = align_up(scratch.work.data());
   }
 
-  auto run_item = [&](int64_t item, int tid) {
-    const int64_t rc = item % n_rc, tb = item / n_rc;
-    const int64_t r0 = rc * rows, r1 = std::min(n_out, r0 + rows);
-    const int64_t t0 = tb * tok_block, t1 = std::min(n_tok, t0 + tok_block);
-    k.compute(w, act, act_stride, r0, r1, t0, t1, y, n_out, work ? work + work_stride * (size_t)tid : nullptr);
-  };
-  pool.parallel_for(n_rc * n_tb, run_item);
+  struct Items {  // one captured pointer keeps the std::function inline (no allocation)
+    const MatmulKernel* k;
+    const WeightMatrix* w;
+    const uint8_t* act;
+    size_t act_stride;
+    float* y;
+    uint8_t* work;
+    size_t work_stride;
+    int64_t n_rc, rows, tok_block, n_out, n_tok;
+  } items{&k, &w, act, act_stride, y, work, work_stride, n_rc, rows, tok_block, n_out, n_tok};
+  pool.parallel_for(n_rc * n_tb, [it = &items](int64_t item, int tid) {
+    const int64_t rc = item % it->n_rc, tb = item / it->n_rc;
+    const int64_t r0 = rc * it->rows, r1 = std::min(it->n_out, r0 + it->rows);
+    const int64_t t0 = tb * it->tok_block, t1 = std::min(it->n_tok, t0 + it->tok_block);
+    it->k->compute(*it->w, it->act, it->act_stride, r0, r1, t0, t1, it->y, it->n_out,
+                   it->work ? it->work + it->work_stride * (size_t)tid : nullptr);
+  });
 }
 
 void matmul_reference(const WeightMatrix& w, const float* x, int64_t n_tok, float* y) {

@@ -70,16 +70,13 @@ size_t work_bytes(int64_t n) {
 
 inline float round_fp16(float f) { return _cvtsh_ss(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT)); }
 
-// roundf (half away from zero), exactly: trunc, then step away from zero when |frac| >= 0.5.
-inline __m512 round_half_away(__m512 v) {
-  const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-  const __m512 frac = _mm512_abs_ps(_mm512_sub_ps(v, t));
-  const __mmask16 up = _mm512_cmp_ps_mask(frac, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
-  const __m512 step = _mm512_or_ps(_mm512_and_ps(v, _mm512_set1_ps(-0.0f)), _mm512_set1_ps(1.0f));
-  return _mm512_mask_add_ps(t, up, t, step);
+// Round half to even, as ggml's x86 activation quantizers do (_MM_ROUND_NEAREST).
+inline __m512 round_nearest_even(__m512 v) {
+  return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
-// One block with ggml's Q8_0/Q8_1 rule: d = amax / 127, q = roundf(x * (1 / d)).
+// One block with the rule of ggml's x86 quantize_row_q8_0/q8_1 (what llama.cpp runs on this CPU):
+// d = amax / 127, q = round_half_even(x * (127 / amax)).
 struct QuantBlock {
   __m128i lo, hi;  // quants of elements 0-15 and 16-31
   float d;         // unrounded scale
@@ -91,9 +88,9 @@ inline QuantBlock quantize_block(const float* x) {
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
   QuantBlock q;
   q.d = amax / 127;
-  const __m512 id = _mm512_set1_ps(q.d ? 1.0f / q.d : 0.0f);
-  const __m512i i0 = _mm512_cvttps_epi32(round_half_away(_mm512_mul_ps(v0, id)));
-  const __m512i i1 = _mm512_cvttps_epi32(round_half_away(_mm512_mul_ps(v1, id)));
+  const __m512 id = _mm512_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+  const __m512i i0 = _mm512_cvttps_epi32(round_nearest_even(_mm512_mul_ps(v0, id)));
+  const __m512i i1 = _mm512_cvttps_epi32(round_nearest_even(_mm512_mul_ps(v1, id)));
   q.sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
   q.lo = _mm512_cvtepi32_epi8(i0);
   q.hi = _mm512_cvtepi32_epi8(i1);

@@ -600,9 +600,9 @@ void quantize_q8_0_ref(const float* x, BlockQ8_0* y, int64_t n) {
     float amax = 0.f;
     for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(x[j]));
     const float d = amax / 127;
-    const float id = d ? 1.0f / d : 0.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     y[i].d = f2h(d);
-    for (int j = 0; j < kQK; ++j) y[i].qs[j] = (int8_t)std::roundf(x[j] * id);
+    for (int j = 0; j < kQK; ++j) y[i].qs[j] = (int8_t)std::nearbyint(x[j] * id);
   }
 }
 
@@ -611,11 +611,11 @@ void quantize_q8_1_ref(const float* x, BlockQ8_1* y, int64_t n) {
     float amax = 0.f;
     for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(x[j]));
     const float d = amax / 127;
-    const float id = d ? 1.0f / d : 0.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     y[i].d = f2h(d);
     int sum = 0;
     for (int j = 0; j < kQK; ++j) {
-      y[i].qs[j] = (int8_t)std::roundf(x[j] * id);
+      y[i].qs[j] = (int8_t)std::nearbyint(x[j] * id);
       sum += y[i].qs[j];
     }
     y[i].s = f2h((float)sum * d);

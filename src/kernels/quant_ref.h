@@ -12,7 +12,8 @@ namespace kvzap::kernels {
 void dequantize_row_ref(GgmlType type, const void* src, float* dst, int64_t n);
 void quantize_row_ref(GgmlType type, const float* src, void* dst, int64_t n);
 
-// Activation partners. q = roundf(x * (1/d)), d = amax / 127 (Q8_0, Q8_1); Q8_K as ggml (see .cpp).
+// Activation partners as ggml's x86 quantizers (what llama.cpp runs here): d = amax / 127,
+// q = round-half-even(x * (127 / amax)) (Q8_0, Q8_1); Q8_K as ggml (see .cpp).
 void quantize_q8_0_ref(const float* x, BlockQ8_0* y, int64_t n);
 void quantize_q8_1_ref(const float* x, BlockQ8_1* y, int64_t n);
 void quantize_q8_K_ref(const float* x, BlockQ8_K* y, int64_t n);

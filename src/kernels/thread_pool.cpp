@@ -144,10 +144,12 @@ void ThreadPool::parallel_for(int64_t n, const Fn& fn) {
 
 void ThreadPool::parallel_ranges(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn) {
   if (n <= 0) return;
-  const int64_t parts = std::min<int64_t>(n_threads_, n);
-  parallel_for(parts, [&](int64_t p, int tid) {
-    const int64_t begin = n * p / parts, end = n * (p + 1) / parts;
-    fn(begin, end, tid);
+  struct Ranges {  // one captured pointer keeps the std::function inline (no allocation)
+    int64_t n, parts;
+    const std::function<void(int64_t, int64_t, int)>* fn;
+  } ranges{n, std::min<int64_t>(n_threads_, n), &fn};
+  parallel_for(ranges.parts, [r = &ranges](int64_t p, int tid) {
+    (*r->fn)(r->n * p / r->parts, r->n * (p + 1) / r->parts, tid);
   });
 }
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 
 #include "common/fp16.h"
 #include "kvzap/error.h"
@@ -78,26 +79,51 @@ void stream_key_range(const KvCache& cache, int layer, int head, int64_t first, 
 
 void attention_probs(const float* q, int64_t q_stride, int64_t n_rows, const int64_t* n_visible, const float* keys_t,
                      int64_t n_keys, int head_dim, float scale, float* probs) {
-  for (int64_t j = 0; j < n_rows; j++) {
-    const float* qj = q + j * q_stride;
-    float* row = probs + j * n_keys;
-    const int64_t vis = n_visible ? std::min(n_visible[j], n_keys) : n_keys;
-    std::fill(row, row + n_keys, 0.0f);
-    if (vis <= 0) continue;
-    // Logits with the key index innermost, so the loop vectorises.
-    for (int d = 0; d < head_dim; d++) {
-      const float qd = qj[d] * scale;
-      const float* kd = keys_t + (size_t)d * n_keys;
-      for (int64_t i = 0; i < vis; i++) row[i] += qd * kd[i];
+  // Logits of kRows rows x kCols keys accumulate in registers over d (a register-tiled small GEMM),
+  // so every key element loaded serves kRows rows and nothing is stored until the tile is done.
+  constexpr int64_t kRows = 4, kCols = 8;
+  if (head_dim > 256) throw Error("attention scoring supports head dimensions up to 256, got " + std::to_string(head_dim));
+  const int64_t D = head_dim;
+  float qs[kRows][256];
+  for (int64_t j0 = 0; j0 < n_rows; j0 += kRows) {
+    const int64_t rows = std::min(kRows, n_rows - j0);
+    int64_t vis[kRows], vis_max = 0;
+    for (int64_t r = 0; r < kRows; r++) {
+      vis[r] = r >= rows ? 0 : n_visible ? std::max<int64_t>(0, std::min(n_visible[j0 + r], n_keys)) : n_keys;
+      vis_max = std::max(vis_max, vis[r]);
+      for (int64_t d = 0; d < D; d++) qs[r][d] = r < rows ? q[(j0 + r) * q_stride + d] * scale : 0.0f;
     }
-    float mx = row[0];
-    for (int64_t i = 1; i < vis; i++) mx = std::max(mx, row[i]);
-    for (int64_t i = 0; i < vis; i++) row[i] -= mx;
-    exp_nonpositive_inplace(row, vis);
-    double sum = 0;
-    for (int64_t i = 0; i < vis; i++) sum += row[i];
-    const float inv = (float)(1.0 / sum);
-    for (int64_t i = 0; i < vis; i++) row[i] *= inv;
+    int64_t i = 0;
+    for (; i + kCols <= vis_max; i += kCols) {
+      float acc[kRows][kCols] = {};
+      for (int64_t d = 0; d < D; d++) {
+        const float* kd = keys_t + (size_t)d * n_keys + i;
+        for (int64_t r = 0; r < kRows; r++)
+          for (int64_t u = 0; u < kCols; u++) acc[r][u] += qs[r][d] * kd[u];
+      }
+      for (int64_t r = 0; r < rows; r++)
+        for (int64_t u = 0; u < kCols; u++) probs[(j0 + r) * n_keys + i + u] = acc[r][u];
+    }
+    for (; i < vis_max; i++)  // the last few keys
+      for (int64_t r = 0; r < rows; r++) {
+        float a = 0;
+        for (int64_t d = 0; d < D; d++) a += qs[r][d] * keys_t[(size_t)d * n_keys + i];
+        probs[(j0 + r) * n_keys + i] = a;
+      }
+    for (int64_t r = 0; r < rows; r++) {
+      float* row = probs + (j0 + r) * n_keys;
+      const int64_t v = vis[r];
+      std::fill(row + v, row + n_keys, 0.0f);  // masked keys (computed for the block's longest row)
+      if (v <= 0) continue;
+      float mx = row[0];
+      for (int64_t k = 1; k < v; k++) mx = std::max(mx, row[k]);
+      for (int64_t k = 0; k < v; k++) row[k] -= mx;
+      exp_nonpositive_inplace(row, v);
+      double sum = 0;
+      for (int64_t k = 0; k < v; k++) sum += row[k];
+      const float inv = (float)(1.0 / sum);
+      for (int64_t k = 0; k < v; k++) row[k] *= inv;
+    }
   }
 }
 

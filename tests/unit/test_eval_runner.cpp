@@ -74,14 +74,15 @@ SessionOptions small_session(int64_t n_ctx) {
   return o;
 }
 
-// A tiny suite: niah_single_1 and niah_multikey_3, one sample each, at 300 tokens.
+// A tiny suite: one sample per task, 300 tokens by default.
 struct TinySuite {
   SuiteOptions opt;
   std::vector<Sample> samples;
   nlohmann::json suite;
-  explicit TinySuite(const PromptBuilder& prompts, std::vector<std::string> tasks = {"niah_single_1", "niah_multikey_3"}) {
+  explicit TinySuite(const PromptBuilder& prompts, std::vector<std::string> tasks = {"niah_single_1", "niah_single_2"},
+                     int64_t length = 300) {
     opt.tasks = std::move(tasks);
-    opt.length = 300;
+    opt.length = length;
     opt.samples_per_task = 1;
     opt.count_tokens = prompts.counter();
     samples = generate_suite(opt);
@@ -106,7 +107,7 @@ TEST(EvalRunner, PromptSplitMatchesTheSuiteCounter) {
   ChatOptions co;
   co.enable_thinking = false;
   const TokenCounter reference = chat_token_counter(tok, detect_chat_format(tok.vocab()), co);
-  const TinySuite t(prompts, {"niah_single_1", "vt", "qa_1"});
+  const TinySuite t(prompts, {"niah_single_1", "niah_multikey_3", "vt", "cwe", "qa_2"}, 800);
   for (const Sample& s : t.samples) {
     const int64_t fed_ctx = (int64_t)prompts.context_ids(s.context).size();
     // The counter the suite is generated with is the generator's own one, and it counts exactly
@@ -145,7 +146,7 @@ TEST(EvalRunner, FullCacheCellWritesItsFilesAndEvictsNothing) {
     EXPECT_EQ(o.evicted_fraction, 0.0);
     EXPECT_EQ(o.kv_bytes, o.kv_bytes_full);
     EXPECT_GT(o.kv_bytes, 0);
-    EXPECT_GT(o.context_tokens, 100);
+    EXPECT_GT(o.context_tokens, 60);
     EXPECT_GT(o.generated_tokens, 0);
     EXPECT_LE(o.generated_tokens, t.samples[i].max_new_tokens);
   }
@@ -154,7 +155,7 @@ TEST(EvalRunner, FullCacheCellWritesItsFilesAndEvictsNothing) {
   EXPECT_EQ(rows[0].press, "no_press");
   EXPECT_EQ(rows[0].setting_kind, "none");
   EXPECT_EQ(rows[0].task, "niah_single_1");
-  EXPECT_EQ(rows[1].task, "niah_multikey_3");
+  EXPECT_EQ(rows[1].task, "niah_single_2");
   std::ifstream in(dir.path() / "summary.json");
   const nlohmann::json summary = nlohmann::json::parse(in);
   EXPECT_EQ(summary["suite"], t.suite);
@@ -218,6 +219,7 @@ TEST(EvalRunner, TooSmallContextIsAUserError) {
 TEST(EvalSweep, PlanPicksPoliciesPerPress) {
   PressOptions base;
   base.window = 64;
+  base.ratio_scope = "kvpress";
   const auto cells = plan_sweep({"knorm", "kvzap-mlp", "kvzip", "random:threshold"}, {0.25, 0.5}, {-4, -6}, base);
   std::vector<std::string> names;
   for (const PressOptions& c : cells) names.push_back(cell_dir_name(&c));
@@ -235,6 +237,13 @@ TEST(EvalSweep, PlanPicksPoliciesPerPress) {
   EXPECT_TRUE(cells[3].has_threshold);
   EXPECT_FALSE(cells[3].has_ratio);
   EXPECT_TRUE(cells[1].has_ratio);
+  EXPECT_EQ(cells[1].ratio_scope, "head");    // kvpress's per-head top-k
+  EXPECT_EQ(cells[5].ratio_scope, "global");  // KVzip's global bottom-k
+  const auto forced = plan_sweep({"knorm@global", "snapkv:ratio@layer"}, {0.5}, {}, base, false);
+  ASSERT_EQ(forced.size(), 2u);
+  EXPECT_EQ(cell_dir_name(&forced[0]), "knorm@global__ratio_0.5");
+  EXPECT_EQ(cell_dir_name(&forced[1]), "snapkv@layer__ratio_0.5");
+  EXPECT_THROW(plan_sweep({"knorm@everywhere"}, {0.5}, {}, base), Error);
   EXPECT_THROW(plan_sweep({"kvzip:threshold"}, {0.5}, {-4}, base), Error);
   EXPECT_THROW(plan_sweep({"no-such-press"}, {0.5}, {}, base), Error);
   EXPECT_THROW(plan_sweep({"kvzap-linear"}, {0.5}, {}, base), Error);  // a threshold press without thresholds
@@ -248,7 +257,9 @@ TEST(EvalSweep, SecondRunSkipsFinishedCellsAndSuiteMismatchThrows) {
   Session session(m, small_session(600));
   const EvalSetup setup{m, session, prompts, t.samples, t.suite};
   TempDir dir;
-  const auto cells = plan_sweep({"knorm"}, {0.5}, {}, PressOptions{});
+  PressOptions base;
+  base.ratio_scope = "kvpress";
+  const auto cells = plan_sweep({"knorm"}, {0.5}, {}, base);
   ASSERT_EQ(cells.size(), 2u);
   RunOptions quiet;
   quiet.quiet = true;

@@ -300,7 +300,8 @@ TEST(KernelBlocks, ActivationQuantizersFollowGgmlFormulas) {
     EXPECT_EQ(a1[(size_t)b].d, fp32_to_fp16(d));
     int sum = 0;
     for (int j = 0; j < 32; ++j) {
-      const int q = (int)std::roundf(x[(size_t)(32 * b + j)] * (1.0f / d));  // ggml: x * (1/d), roundf
+      // ggml's x86 quantizer: x * (127 / amax), round half to even
+      const int q = (int)std::nearbyint(x[(size_t)(32 * b + j)] * (amax != 0.0f ? 127.0f / amax : 0.0f));
       EXPECT_EQ(a0[(size_t)b].qs[j], q);
       EXPECT_EQ(a1[(size_t)b].qs[j], q);
       sum += q;
@@ -450,13 +451,20 @@ TEST(Matmul, LargeOutputSplitsAcrossThreads) {
 
 TEST(Matmul, ActivationQuantizationIsBitExactWithGgml) {
   // Weight row j is the unit vector e_j (scale 1), so y[t][j] = d_a * q_a[j] with no rounding at all:
-  // every ISA's activation quantizer must give ggml's exact quants, ties included (roundf: away from 0).
+  // every ISA's activation quantizer must give ggml's exact quants, ties included (x86 ggml rounds half
+  // to even: 2.5 -> 2, -3.5 -> -4).
   const int64_t n = 96;
   std::mt19937 rng(11);
   std::vector<float> x = gaussian(rng, (size_t)(2 * n));
   const float ties[] = {127.f, 2.5f, -2.5f, 0.5f, -0.5f, 1.5f, -3.5f, 126.5f, -126.5f, 0.f};
   for (size_t i = 0; i < sizeof(ties) / sizeof(ties[0]); ++i) x[32 + i] = ties[i];  // block 1: d = 1
   for (int i = 10; i < 32; ++i) x[(size_t)(32 + i)] = (float)(i - 16) + 0.5f;
+  {
+    std::vector<kk::BlockQ8_0> q(3);
+    kk::quantize_q8_0_ref(x.data(), q.data(), n);
+    const int want[] = {127, 2, -2, 0, 0, 2, -4, 126, -126, 0};
+    for (int i = 0; i < 10; ++i) ASSERT_EQ(q[1].qs[i], want[i]) << "tie " << ties[i];
+  }
   for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q5_0}) {
     const size_t rb = kk::kernel_row_bytes(t, n);
     const int bb = kk::geometry(t).block_bytes;

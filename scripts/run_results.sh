@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# The exact commands behind docs/RESULTS.md (SmolLM2-135M-Instruct Q4_1, 2 threads).
+#
+#   scripts/run_results.sh [calibration|sweep|report|faithfulness|all]   (default: all)
+#
+# Raw per-sample outputs go to runs/results/ (git-ignored); the small, committed files (per-task CSV,
+# summaries, leaderboard, SVG plots, faithfulness JSON) are copied into docs/results/. Every step is
+# resumable: a finished eval cell (its summary.json exists) or faithfulness file is not run again, so
+# the script can be stopped and restarted. Delete runs/results/ to start from scratch.
+#
+# Environment: KVZAP_BIN (default build/kvzap), THREADS (default 2), KVZAP_MODEL (default model).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+KVZAP="${KVZAP_BIN:-build/kvzap}"
+THREADS="${THREADS:-2}"
+WORK=runs/results
+OUT=docs/results
+step="${1:-all}"
+
+# The operating point of the sweep (see docs/RESULTS.md, "Choosing the length and the tasks").
+LENGTH=1024
+SAMPLES=5
+TASKS=niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multivalue,qa_1
+RATIO_PRESSES=random,knorm,streaming_llm,snapkv,expected_attention,kvzip
+RATIOS=0.25,0.5,0.75,0.875
+KVZAP_PRESSES=kvzap-linear,kvzap-mlp
+THRESHOLDS=-7,-6,-5,-4
+
+# Faithfulness: teacher-forced windows of held-out text (an eval haystack novel, never training text).
+FAITH_TEXT=data/eval/haystack/persuasion.txt
+FAITH_ARGS=(--context-tokens 1024 --window-tokens 64 --windows 3)
+
+[[ -x "$KVZAP" ]] || { echo "no kvzap binary at $KVZAP (build first, or set KVZAP_BIN)" >&2; exit 1; }
+mkdir -p "$WORK" "$OUT"
+
+have_kvzap_surrogates() {
+  # The kvzap presses need shipped surrogates (data/surrogates/<model>/{linear,mlp}).
+  compgen -G "data/surrogates/*/linear/config.json" > /dev/null && compgen -G "data/surrogates/*/mlp/config.json" > /dev/null
+}
+
+# 1. Where does the full cache do well? All 13 tasks, 5 samples each, at three lengths.
+calibration() {
+  for L in 512 1024 2048; do
+    local dir="$WORK/calibration/L$L"
+    if [[ ! -f "$dir/summary.json" ]]; then
+      /usr/bin/time -f "calibration L=$L: %e s wall" \
+        "$KVZAP" eval --suite ruler --length "$L" --samples 5 --out "$dir" -t "$THREADS" -q
+    fi
+    mkdir -p "$OUT/calibration/L$L"
+    cp "$dir/tasks.csv" "$dir/summary.json" "$OUT/calibration/L$L/"
+  done
+}
+
+# 2. The press x setting grid at LENGTH (resumable; results.csv holds every row incl. no_press).
+sweep() {
+  local presses="$RATIO_PRESSES"
+  if have_kvzap_surrogates; then presses="$presses,$KVZAP_PRESSES"; else
+    echo "note: no KVzap surrogates in data/surrogates/, sweeping the baselines only" >&2
+  fi
+  local t0=$SECONDS
+  "$KVZAP" sweep --presses "$presses" --ratios "$RATIOS" --thresholds "$THRESHOLDS" \
+    --length "$LENGTH" --samples "$SAMPLES" --tasks "$TASKS" --out "$WORK/sweep-$LENGTH" -t "$THREADS" \
+    > "$WORK/sweep-$LENGTH.md"
+  echo "sweep: $((SECONDS - t0)) s wall in this invocation" >&2
+}
+
+# 3. Leaderboard + plots, and the per-cell summaries (small) next to them.
+report() {
+  local src="$WORK/sweep-$LENGTH" dst="$OUT/ruler-$LENGTH"
+  "$KVZAP" report "$src" --out "$dst" \
+    --title "Offline RULER-style suite, length $LENGTH, SmolLM2-135M-Instruct Q4_1, $SAMPLES samples/task" > /dev/null
+  mkdir -p "$dst/cells"
+  for cell in "$src"/*/; do
+    [[ -f "$cell/summary.json" ]] && cp "$cell/summary.json" "$dst/cells/$(basename "$cell").json"
+  done
+  # Paired differences to the full cache (same samples), and the sweep's total cell time.
+  python3 - "$src" "$dst" <<'EOF'
+import json, math, os, sys, csv
+src, dst = sys.argv[1], sys.argv[2]
+def load(cell):
+    with open(os.path.join(src, cell, "samples.jsonl")) as f:
+        return {(r["task"], r["index"]): r for r in map(json.loads, f)}
+cells = sorted(c for c in os.listdir(src) if os.path.isfile(os.path.join(src, c, "summary.json")))
+base = load("no_press")
+rows, wall = [], 0.0
+for c in cells:
+    s = json.load(open(os.path.join(src, c, "summary.json")))
+    wall += s["timings"]["wall_s"]
+    if c == "no_press":
+        continue
+    d = [r["score"] - base[k]["score"] for k, r in load(c).items()]
+    n = len(d)
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) if n > 1 else 0.0
+    rows.append({"press": s["press"], "setting_kind": s["setting_kind"], "setting": s["setting"],
+                 "evicted_fraction": round(s["evicted_fraction"], 4), "n": n,
+                 "mean_diff_vs_full": round(mean, 2), "stderr": round(sd / math.sqrt(n), 2),
+                 "wall_s": round(s["timings"]["wall_s"], 1)})
+rows.sort(key=lambda r: (r["press"], r["setting"]))
+with open(os.path.join(dst, "paired_vs_full.csv"), "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+    w.writeheader()
+    w.writerows(rows)
+json.dump({"cells": len(cells), "sum_of_cell_wall_s": round(wall, 1)}, open(os.path.join(dst, "sweep_time.json"), "w"), indent=2)
+print(f"paired differences: {dst}/paired_vs_full.csv; cells: {len(cells)}, summed cell wall time {wall/60:.1f} min")
+EOF
+}
+
+# 4. Teacher-forced agreement with the full cache for the same presses and settings.
+faithfulness() {
+  local dir="$OUT/faithfulness"
+  mkdir -p "$dir"
+  run_one() {  # name kind value [extra args]
+    local f="$dir/$1__$2_$3.json"
+    [[ -f "$f" ]] && return 0
+    "$KVZAP" faithfulness --press "$1" "--$2" "$3" -f "$FAITH_TEXT" "${FAITH_ARGS[@]}" -t "$THREADS" -q \
+      --out "$f.tmp" > /dev/null
+    mv "$f.tmp" "$f"
+  }
+  local p r t
+  for p in ${RATIO_PRESSES//,/ }; do
+    for r in ${RATIOS//,/ }; do run_one "$p" ratio "$r"; done
+  done
+  if have_kvzap_surrogates; then
+    for p in ${KVZAP_PRESSES//,/ }; do
+      for t in ${THRESHOLDS//,/ }; do run_one "$p" threshold "$t"; done
+    done
+  fi
+  # One CSV, and report-format rows (score = top-1 agreement in %) so `kvzap report` can plot them.
+  python3 - "$dir" <<'EOF'
+import csv, glob, json, os, sys
+d = sys.argv[1]
+rs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(d, "*.json")))]
+rs.sort(key=lambda r: (r["press"], r["setting"]))
+keys = ["press", "setting_kind", "setting", "evicted_fraction", "evicted_fraction_end", "mean_kl", "max_kl",
+        "top1_agreement", "nll_full", "nll_pressed", "nll_diff", "ppl_ratio", "positions", "seconds"]
+with open(os.path.join(d, "faithfulness.csv"), "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(keys)
+    for r in rs:
+        w.writerow([round(r[k], 5) if isinstance(r[k], float) else r[k] for k in keys])
+with open(os.path.join(d, "top1_rows.csv"), "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["press", "setting_kind", "setting", "task", "n", "score", "evicted_fraction"])
+    w.writerow(["no_press", "none", 0, "top1_agreement", rs[0]["positions"] if rs else 0, 100, 0])
+    for r in rs:
+        w.writerow([r["press"], r["setting_kind"], r["setting"], "top1_agreement", r["positions"],
+                    r["top1_agreement"], r["evicted_fraction"]])
+EOF
+  "$KVZAP" report "$dir/top1_rows.csv" --out "$dir/report" \
+    --title "Teacher-forced top-1 agreement with the full cache (Persuasion, 3 x 64 positions after 1024 tokens)" > /dev/null
+}
+
+case "$step" in
+  calibration) calibration ;;
+  sweep) sweep ;;
+  report) report ;;
+  faithfulness) faithfulness ;;
+  all) calibration; sweep; report; faithfulness ;;
+  *) echo "unknown step '$step' (calibration|sweep|report|faithfulness|all)" >&2; exit 2 ;;
+esac

@@ -1,0 +1,869 @@
+// Tests of the kvpress baseline presses (src/press/scorer_*.cpp, press/baselines.h). Each scorer runs
+// on a small hand-built context (random queries, keys and values fed step by step into a bare
+// KvCache, as Forward::step does) and its scores are compared with a naive recomputation of the
+// press's definition written out here in double precision (kvzap-spec.md §6). The last group runs
+// every press on the real model: ratio 0.5 on a 300-token context, then generation.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cache/kv_cache.h"
+#include "common/fp16.h"
+#include "engine/model_store.h"
+#include "engine/session.h"
+#include "kvzap/error.h"
+#include "model/model.h"
+#include "press/baseline_math.h"
+#include "press/baselines.h"
+#include "press/policy.h"
+#include "press/press.h"
+
+namespace {
+
+using namespace kvzap;
+constexpr float kInf = std::numeric_limits<float>::infinity();
+using Scores = std::vector<std::vector<std::vector<double>>>;  // [layer][kv head][slot]
+
+ModelConfig small_config(RopeMode mode = RopeMode::HalfSplit) {
+  ModelConfig c;
+  c.arch = "test";
+  c.n_layer = 2;
+  c.n_embd = 32;
+  c.n_head = 4;
+  c.n_head_kv = 2;
+  c.head_dim = 8;
+  c.n_rot = 8;
+  c.rope_base = 10000.0f;
+  c.rope_mode = mode;
+  return c;
+}
+
+// RoPE written out independently (double angles): pairs (i, i + D/2) or (2i, 2i + 1), angle p * base^(-2i/D).
+std::pair<int, int> rope_pair(const ModelConfig& c, int i) {
+  return c.rope_mode == RopeMode::Adjacent ? std::pair<int, int>{2 * i, 2 * i + 1} : std::pair<int, int>{i, i + c.head_dim / 2};
+}
+double rope_angle(const ModelConfig& c, int64_t p, int i) { return (double)p * std::pow((double)c.rope_base, -2.0 * i / c.head_dim); }
+void rotate(const ModelConfig& c, float* x, int64_t p, double sign = 1.0) {
+  for (int i = 0; i < c.head_dim / 2; i++) {
+    const auto [a, b] = rope_pair(c, i);
+    const double th = sign * rope_angle(c, p, i);
+    const double x0 = x[a], x1 = x[b];
+    x[a] = (float)(x0 * std::cos(th) - x1 * std::sin(th));
+    x[b] = (float)(x0 * std::sin(th) + x1 * std::cos(th));
+  }
+}
+
+float f16_round(float x) { return fp16_to_fp32(fp32_to_fp16(x)); }
+
+// A context of T tokens: per layer, queries [T][n_head][D], keys / values [T][n_head_kv][D]. Keys and
+// values are f16-exact (what the cache stores); with `rope`, q/k are rotated copies of qpre/kpre.
+struct Context {
+  ModelConfig c;
+  int64_t T = 0;
+  std::vector<std::vector<float>> q, k, v, qpre, kpre;  // [layer][...]
+  int D() const { return c.head_dim; }
+  const float* key(int l, int h, int64_t i) const { return &k[(size_t)l][(size_t)((i * c.n_head_kv + h) * c.head_dim)]; }
+  const float* value(int l, int h, int64_t i) const { return &v[(size_t)l][(size_t)((i * c.n_head_kv + h) * c.head_dim)]; }
+  const float* query(int l, int hq, int64_t i) const { return &q[(size_t)l][(size_t)((i * c.n_head + hq) * c.head_dim)]; }
+};
+
+Context make_context(const ModelConfig& c, int64_t T, uint32_t seed, bool rope = false, float q_scale = 2.0f) {
+  Context x;
+  x.c = c;
+  x.T = T;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const int D = c.head_dim;
+  for (int l = 0; l < c.n_layer; l++) {
+    std::vector<float> q((size_t)(T * c.n_head * D)), k((size_t)(T * c.n_head_kv * D)), v(k.size());
+    for (float& a : q) a = q_scale * u(rng);
+    for (float& a : k) a = u(rng);
+    for (float& a : v) a = u(rng);
+    x.qpre.push_back(q);
+    x.kpre.push_back(k);
+    if (rope) {
+      for (int64_t t = 0; t < T; t++) {
+        for (int h = 0; h < c.n_head; h++) rotate(c, &q[(size_t)((t * c.n_head + h) * D)], t);
+        for (int h = 0; h < c.n_head_kv; h++) rotate(c, &k[(size_t)((t * c.n_head_kv + h) * D)], t);
+      }
+    }
+    for (float& a : k) a = f16_round(a);
+    for (float& a : v) a = f16_round(a);
+    x.q.push_back(q);
+    x.k.push_back(k);
+    x.v.push_back(v);
+  }
+  return x;
+}
+
+// Feeds the context in steps of `step` tokens, calling `observe` after each layer's append.
+template <class Observe>
+void feed(KvCache& cache, const Context& x, int64_t step, Observe observe) {
+  const int H = x.c.n_head, Hkv = x.c.n_head_kv, D = x.D();
+  for (int64_t t0 = 0; t0 < x.T; t0 += step) {
+    const int64_t n = std::min(step, x.T - t0);
+    std::vector<int32_t> pos((size_t)n);
+    std::iota(pos.begin(), pos.end(), (int32_t)t0);
+    for (int l = 0; l < x.c.n_layer; l++) {
+      const float* k = &x.k[(size_t)l][(size_t)(t0 * Hkv * D)];
+      const float* v = &x.v[(size_t)l][(size_t)(t0 * Hkv * D)];
+      cache.append_layer(l, n, k, v, pos.data());
+      cache.set_n_past(t0 + n);
+      LayerStep st;
+      st.layer = l;
+      st.n_tok = n;
+      st.pos = pos.data();
+      st.q = &x.q[(size_t)l][(size_t)(t0 * H * D)];
+      st.k = k;
+      st.v = v;
+      observe(st);
+    }
+  }
+}
+
+// Runs a scorer over the context prefilled in steps of `step`, returns its scores.
+CacheScores run_scorer(Scorer& s, const Context& x, int64_t step) {
+  KvCache cache(x.c.n_layer, x.c.n_head_kv, x.c.head_dim);
+  s.reset();
+  feed(cache, x, step, [&](const LayerStep& st) { s.observe_step(st, cache); });
+  auto* cs = dynamic_cast<CacheScorer*>(&s);
+  EXPECT_NE(cs, nullptr);
+  CacheScores out;
+  cs->score_cache(cache, out);
+  return out;
+}
+
+// Runs a scorer under the ratio policy; returns the kept positions per stream.
+std::vector<std::vector<std::vector<int32_t>>> run_ratio(std::unique_ptr<Scorer> s, const Context& x, double ratio,
+                                                         const std::string& scope = "head", int64_t step = 1000000) {
+  PressOptions o;
+  o.name = "test";
+  o.has_ratio = true;
+  o.ratio = ratio;
+  o.ratio_scope = scope;
+  RatioPress press(std::move(s), o);
+  KvCache cache(x.c.n_layer, x.c.n_head_kv, x.c.head_dim);
+  press.start_context();
+  feed(cache, x, step, [&](const LayerStep& st) { press.after_attention(st, cache); });
+  press.finish_context(cache, nullptr);
+  std::vector<std::vector<std::vector<int32_t>>> kept((size_t)x.c.n_layer, std::vector<std::vector<int32_t>>((size_t)x.c.n_head_kv));
+  for (int l = 0; l < x.c.n_layer; l++)
+    for (int h = 0; h < x.c.n_head_kv; h++)
+      for (int64_t i = 0; i < cache.length(l, h); i++) kept[(size_t)l][(size_t)h].push_back(cache.position_at(l, h, i));
+  return kept;
+}
+
+// The `keep` highest-scored slots, ascending (ties: the later slot is kept, the policy's order).
+std::vector<int32_t> top_slots(const std::vector<double>& s, int64_t keep) {
+  std::vector<int32_t> idx(s.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return s[(size_t)a] > s[(size_t)b]; });
+  idx.resize((size_t)keep);
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+// |got - want| <= max(rel * |want|, abs) per entry; infinite entries must match exactly.
+void expect_scores_near(const CacheScores& got, const Scores& want, double rel, const char* what, double abs = 1e-9) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t l = 0; l < want.size(); l++) {
+    ASSERT_EQ(got[l].size(), want[l].size()) << what;
+    for (size_t h = 0; h < want[l].size(); h++) {
+      ASSERT_EQ(got[l][h].size(), want[l][h].size()) << what;
+      for (size_t i = 0; i < want[l][h].size(); i++) {
+        const double w = want[l][h][i], g = got[l][h][i];
+        if (std::isinf(w)) {
+          EXPECT_EQ(g, w) << what << " layer " << l << " head " << h << " slot " << i;
+        } else {
+          EXPECT_NEAR(g, w, std::max(rel * std::fabs(w), abs)) << what << " layer " << l << " head " << h << " slot " << i;
+        }
+      }
+    }
+  }
+}
+
+double dot(const float* a, const float* b, int n) {
+  double s = 0;
+  for (int i = 0; i < n; i++) s += (double)a[i] * b[i];
+  return s;
+}
+
+// Softmax of scale * q.k_i over keys i in [0, n) of stream (l, hk).
+std::vector<double> naive_softmax(const Context& x, int l, int hk, const float* q, int64_t n, double scale) {
+  std::vector<double> p((size_t)n);
+  double mx = -INFINITY;
+  for (int64_t i = 0; i < n; i++) mx = std::max(mx, p[(size_t)i] = scale * dot(q, x.key(l, hk, i), x.D()));
+  double sum = 0;
+  for (double& a : p) sum += (a = std::exp(a - mx));
+  for (double& a : p) a /= sum;
+  return p;
+}
+
+// torch avg_pool1d(k, stride 1, padding k/2), zero padding counted.
+std::vector<double> naive_pool(const std::vector<double>& a, int k) {
+  std::vector<double> out(a.size(), 0.0);
+  for (int64_t i = 0; i < (int64_t)a.size(); i++)
+    for (int64_t j = i - k / 2; j <= i + k / 2; j++)
+      if (j >= 0 && j < (int64_t)a.size()) out[(size_t)i] += a[(size_t)j] / k;
+  return out;
+}
+
+void naive_zscore(std::vector<double*> xs, size_t n_each) {
+  double mean = 0, n = 0;
+  for (double* x : xs)
+    for (size_t i = 0; i < n_each; i++) mean += x[i], n++;
+  mean /= n;
+  double var = 0;
+  for (double* x : xs)
+    for (size_t i = 0; i < n_each; i++) var += (x[i] - mean) * (x[i] - mean);
+  const double sd = std::max(std::sqrt(var / (n - 1)), 1e-6);
+  for (double* x : xs)
+    for (size_t i = 0; i < n_each; i++) x[i] = (x[i] - mean) / sd;
+}
+
+Scores naive_snapkv(const Context& x, int W = 64) {
+  const int G = x.c.n_group(), D = x.D();
+  Scores s((size_t)x.c.n_layer, std::vector<std::vector<double>>((size_t)x.c.n_head_kv));
+  for (int l = 0; l < x.c.n_layer; l++)
+    for (int hk = 0; hk < x.c.n_head_kv; hk++) {
+      std::vector<double> acc((size_t)(x.T - W), 0.0);
+      for (int g = 0; g < G; g++)
+        for (int64_t j = x.T - W; j < x.T; j++) {
+          const std::vector<double> p = naive_softmax(x, l, hk, x.query(l, hk * G + g, j), j + 1, 1.0 / std::sqrt((double)D));
+          for (int64_t i = 0; i < x.T - W; i++) acc[(size_t)i] += p[(size_t)i] / W / G;
+        }
+      std::vector<double> pooled = naive_pool(acc, 5);
+      pooled.resize((size_t)x.T, INFINITY);
+      s[(size_t)l][(size_t)hk] = pooled;
+    }
+  return s;
+}
+
+// ---------------------------------------------------------------- shared arithmetic
+
+TEST(BaselineMath, AveragePoolingAndZScoreMatchTorchDefinitions) {
+  const std::vector<float> x = {1, 2, 3, 4, 5, 6, 7};
+  std::vector<float> out(x.size());
+  avg_pool_same(x.data(), 7, 5, out.data());
+  EXPECT_FLOAT_EQ(out[0], (1 + 2 + 3) / 5.0f);  // zero padding counts
+  EXPECT_FLOAT_EQ(out[3], (2 + 3 + 4 + 5 + 6) / 5.0f);
+  EXPECT_FLOAT_EQ(out[6], (5 + 6 + 7) / 5.0f);
+  avg_pool_same(x.data(), 7, 3, out.data());
+  EXPECT_FLOAT_EQ(out[0], 1.0f);
+  std::vector<float> z = {1, 2, 3, 4};
+  zscore_inplace(z.data(), 4);
+  const double sd = std::sqrt((2.25 + 0.25 + 0.25 + 2.25) / 3.0);  // Bessel
+  EXPECT_NEAR(z[0], -1.5 / sd, 1e-6);
+  EXPECT_NEAR(z[3], 1.5 / sd, 1e-6);
+}
+
+TEST(BaselineMath, LeverageScoresMatchADirectInverse) {
+  // With the identity as "sketch", the scores are exactly diag(X (X^T X + 0.01 I)^-1 X^T), X centred.
+  const int n = 40, d = 6;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> keys((size_t)n * d);
+  for (float& a : keys) a = nd(rng) + 3.0f;  // an offset that centring must remove
+  keys[5 * d + 2] += 8.0f;                   // one outlier row
+  std::vector<double> eye((size_t)d * d, 0.0);
+  for (int i = 0; i < d; i++) eye[(size_t)i * d + i] = 1.0;
+  std::vector<float> got((size_t)n);
+  sketched_leverage(keys.data(), n, d, eye.data(), d, got.data());
+
+  std::vector<double> mean((size_t)d, 0.0), X((size_t)n * d), A((size_t)d * 2 * d, 0.0);
+  for (int i = 0; i < n; i++)
+    for (int c = 0; c < d; c++) mean[(size_t)c] += keys[(size_t)(i * d + c)] / n;
+  for (int i = 0; i < n; i++)
+    for (int c = 0; c < d; c++) X[(size_t)(i * d + c)] = keys[(size_t)(i * d + c)] - mean[(size_t)c];
+  // Gauss-Jordan on [X^T X + 0.01 I | I].
+  for (int a = 0; a < d; a++) {
+    for (int b = 0; b < d; b++) {
+      double s = a == b ? 1e-2 : 0.0;
+      for (int i = 0; i < n; i++) s += X[(size_t)(i * d + a)] * X[(size_t)(i * d + b)];
+      A[(size_t)(a * 2 * d + b)] = s;
+    }
+    A[(size_t)(a * 2 * d + d + a)] = 1.0;
+  }
+  for (int col = 0; col < d; col++) {
+    int piv = col;
+    for (int r = col + 1; r < d; r++)
+      if (std::fabs(A[(size_t)(r * 2 * d + col)]) > std::fabs(A[(size_t)(piv * 2 * d + col)])) piv = r;
+    for (int c = 0; c < 2 * d; c++) std::swap(A[(size_t)(col * 2 * d + c)], A[(size_t)(piv * 2 * d + c)]);
+    const double p = A[(size_t)(col * 2 * d + col)];
+    for (int c = 0; c < 2 * d; c++) A[(size_t)(col * 2 * d + c)] /= p;
+    for (int r = 0; r < d; r++)
+      if (r != col) {
+        const double f = A[(size_t)(r * 2 * d + col)];
+        for (int c = 0; c < 2 * d; c++) A[(size_t)(r * 2 * d + c)] -= f * A[(size_t)(col * 2 * d + c)];
+      }
+  }
+  double total = 0;
+  for (int i = 0; i < n; i++) {
+    double s = 0;
+    for (int a = 0; a < d; a++)
+      for (int b = 0; b < d; b++) s += X[(size_t)(i * d + a)] * A[(size_t)(a * 2 * d + d + b)] * X[(size_t)(i * d + b)];
+    EXPECT_NEAR(got[(size_t)i], s, 1e-5 * std::max(1.0, s)) << i;
+    total += s;
+  }
+  EXPECT_NEAR(total, d, 0.01);  // the trace of a projection (slightly less with the jitter)
+  EXPECT_EQ(std::max_element(got.begin(), got.end()) - got.begin(), 5);
+}
+
+TEST(BaselineMath, WindowQueriesKeepTheLastRowsAcrossSteps) {
+  const ModelConfig c = small_config();
+  const Context x = make_context(c, 23, 1);
+  for (int64_t step : {1, 3, 5, 23}) {
+    WindowQueries w(c.n_layer, c.n_head, c.head_dim, 6);
+    KvCache cache(c.n_layer, c.n_head_kv, c.head_dim);
+    feed(cache, x, step, [&](const LayerStep& st) { w.push(st); });
+    for (int l = 0; l < c.n_layer; l++) {
+      ASSERT_EQ(w.size(l), 6);
+      for (int j = 0; j < 6; j++) {
+        EXPECT_EQ(w.positions(l)[j], 17 + j);
+        EXPECT_EQ(w.rows(l)[(size_t)j * c.n_head * c.head_dim + 3], x.query(l, 0, 17 + j)[3]) << step;
+      }
+    }
+  }
+}
+
+TEST(BaselineMath, RopeTableUndoesTheEngineRotation) {
+  for (RopeMode mode : {RopeMode::HalfSplit, RopeMode::Adjacent}) {
+    const ModelConfig c = small_config(mode);
+    RopeTable rope(c);
+    rope.reserve(100);
+    std::vector<float> x = {0.3f, -1.f, 2.f, 0.5f, 0.f, 1.f, -0.7f, 0.2f}, y = x;
+    rotate(c, y.data(), 77);
+    rope.unrotate(y.data(), 77);
+    for (int i = 0; i < 8; i++) EXPECT_NEAR(y[(size_t)i], x[(size_t)i], 1e-4);
+  }
+}
+
+// ---------------------------------------------------------------- scorers vs their definitions
+
+TEST(BaselineScorers, SnapKvIsWindowAttentionPooledAndGroupAveraged) {
+  const ModelConfig c = small_config();
+  const Context x = make_context(c, 100, 2);
+  const Scores want = naive_snapkv(x);
+  for (int64_t step : {100, 7, 1}) {
+    auto s = make_snapkv_scorer(c);
+    expect_scores_near(run_scorer(*s, x, step), want, 1e-4, "snapkv");
+  }
+  // Shorter than the window: an error, as kvpress asserts.
+  auto s = make_snapkv_scorer(c);
+  EXPECT_THROW(run_scorer(*s, make_context(c, 64, 3), 64), Error);
+}
+
+TEST(BaselineScorers, TovaIsTheLastTokensAttentionAveragedOverAllHeads) {
+  const ModelConfig c = small_config();
+  const Context x = make_context(c, 50, 4);
+  Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)c.n_head_kv));
+  for (int l = 0; l < c.n_layer; l++) {
+    std::vector<double> acc((size_t)x.T, 0.0);
+    for (int hq = 0; hq < c.n_head; hq++) {
+      const auto p = naive_softmax(x, l, hq / c.n_group(), x.query(l, hq, x.T - 1), x.T, 1.0 / std::sqrt(8.0));
+      for (int64_t i = 0; i < x.T; i++) acc[(size_t)i] += p[(size_t)i] / c.n_head;
+    }
+    acc.back() = INFINITY;
+    for (int hk = 0; hk < c.n_head_kv; hk++) want[(size_t)l][(size_t)hk] = acc;
+  }
+  for (int64_t step : {50, 6}) {
+    auto s = make_tova_scorer(c);
+    expect_scores_near(run_scorer(*s, x, step), want, 1e-4, "tova");
+  }
+}
+
+TEST(BaselineScorers, ObservedAttentionAveragesTheAttentionEachKeyReceived) {
+  const ModelConfig c = small_config();
+  const Context x = make_context(c, 40, 5);
+  const int G = c.n_group();
+  Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)c.n_head_kv, std::vector<double>((size_t)x.T, 0.0)));
+  for (int l = 0; l < c.n_layer; l++)
+    for (int hq = 0; hq < c.n_head; hq++)
+      for (int64_t j = 0; j < x.T; j++) {
+        const auto p = naive_softmax(x, l, hq / G, x.query(l, hq, j), j + 1, 1.0 / std::sqrt(8.0));
+        for (int64_t i = 0; i <= j; i++) want[(size_t)l][(size_t)(hq / G)][(size_t)i] += p[(size_t)i] / (double)(x.T - i) / G;
+      }
+  for (int64_t step : {40, 9, 1}) {
+    auto s = make_observed_attention_scorer(c);
+    expect_scores_near(run_scorer(*s, x, step), want, 1e-4, "observed_attention");
+  }
+}
+
+TEST(BaselineScorers, ExpectedAttentionUsesRotatedQueryStatisticsAndValueNorms) {
+  for (RopeMode mode : {RopeMode::HalfSplit, RopeMode::Adjacent}) {
+    const ModelConfig c = small_config(mode);
+    const int64_t T = 60;
+    const Context x = make_context(c, T, 6, /*rope=*/true, 0.7f);
+    const int D = c.head_dim, G = c.n_group(), H = c.n_head;
+    const double eps = 1e-2;
+    // Rbar: the average over positions T .. T+511 of the full rotation matrices.
+    std::vector<double> R((size_t)D * D, 0.0);
+    for (int64_t p = T; p < T + 512; p++)
+      for (int i = 0; i < D / 2; i++) {
+        const auto [a, b] = rope_pair(c, i);
+        const double th = rope_angle(c, p, i);
+        R[(size_t)(a * D + a)] += std::cos(th) / 512;
+        R[(size_t)(a * D + b)] -= std::sin(th) / 512;
+        R[(size_t)(b * D + a)] += std::sin(th) / 512;
+        R[(size_t)(b * D + b)] += std::cos(th) / 512;
+      }
+    Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)c.n_head_kv));
+    for (int l = 0; l < c.n_layer; l++)
+      for (int hk = 0; hk < c.n_head_kv; hk++) {
+        std::vector<double> acc((size_t)T, 0.0);
+        for (int g = 0; g < G; g++) {
+          const int hq = hk * G + g;
+          std::vector<double> mu((size_t)D, 0.0), cov((size_t)D * D, 0.0);
+          for (int64_t t = 4; t < T; t++)
+            for (int a = 0; a < D; a++) mu[(size_t)a] += x.qpre[(size_t)l][(size_t)((t * H + hq) * D + a)] / (double)(T - 4);
+          for (int64_t t = 4; t < T; t++)
+            for (int a = 0; a < D; a++)
+              for (int b = 0; b < D; b++)
+                cov[(size_t)(a * D + b)] += (x.qpre[(size_t)l][(size_t)((t * H + hq) * D + a)] - mu[(size_t)a]) *
+                                           (x.qpre[(size_t)l][(size_t)((t * H + hq) * D + b)] - mu[(size_t)b]) / (double)(T - 4);
+          std::vector<double> mu2((size_t)D, 0.0), cov2((size_t)D * D, 0.0);
+          for (int a = 0; a < D; a++)
+            for (int b = 0; b < D; b++) mu2[(size_t)a] += R[(size_t)(a * D + b)] * mu[(size_t)b];
+          for (int a = 0; a < D; a++)
+            for (int b = 0; b < D; b++)
+              for (int e = 0; e < D; e++)
+                for (int f = 0; f < D; f++)
+                  cov2[(size_t)(a * D + b)] += R[(size_t)(a * D + e)] * cov[(size_t)(e * D + f)] * R[(size_t)(b * D + f)];
+          std::vector<double> logit((size_t)T, 0.0);
+          double mx = -INFINITY, sum = 0;
+          for (int64_t i = 4; i < T; i++) {
+            const float* k = x.key(l, hk, i);
+            double lin = 0, quad = 0;
+            for (int a = 0; a < D; a++) lin += k[a] * mu2[(size_t)a];
+            for (int a = 0; a < D; a++)
+              for (int b = 0; b < D; b++) quad += k[a] * cov2[(size_t)(a * D + b)] * k[b];
+            logit[(size_t)i] = lin / std::sqrt((double)D) + quad / (2.0 * D);
+            mx = std::max(mx, logit[(size_t)i]);
+          }
+          for (int64_t i = 4; i < T; i++) sum += std::exp(logit[(size_t)i] - mx);
+          for (int64_t i = 4; i < T; i++) acc[(size_t)i] += std::exp(logit[(size_t)i] - mx) / sum / G;
+        }
+        std::vector<double> s((size_t)T, INFINITY);
+        for (int64_t i = 4; i < T; i++) s[(size_t)i] = (acc[(size_t)i] + eps) * std::sqrt(dot(x.value(l, hk, i), x.value(l, hk, i), D));
+        want[(size_t)l][(size_t)hk] = s;
+      }
+    for (int64_t step : {T, (int64_t)11}) {
+      auto s = make_expected_attention_scorer(c, eps);
+      expect_scores_near(run_scorer(*s, x, step), want, 2e-3, "expected_attention");
+    }
+  }
+}
+
+TEST(BaselineScorers, KeyDiffIsMinusTheCosineToTheMeanNormalisedKey) {
+  const ModelConfig c = small_config();
+  const Context x = make_context(c, 30, 8);
+  const int D = c.head_dim;
+  Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)c.n_head_kv));
+  for (int l = 0; l < c.n_layer; l++)
+    for (int h = 0; h < c.n_head_kv; h++) {
+      std::vector<double> anchor((size_t)D, 0.0);
+      for (int64_t i = 0; i < x.T; i++) {
+        const double n = std::sqrt(dot(x.key(l, h, i), x.key(l, h, i), D));
+        for (int d = 0; d < D; d++) anchor[(size_t)d] += x.key(l, h, i)[d] / n / (double)x.T;
+      }
+      double an = 0;
+      for (double a : anchor) an += a * a;
+      for (int64_t i = 0; i < x.T; i++) {
+        double kd = 0;
+        for (int d = 0; d < D; d++) kd += x.key(l, h, i)[d] * anchor[(size_t)d];
+        want[(size_t)l][(size_t)h].push_back(-kd / std::sqrt(dot(x.key(l, h, i), x.key(l, h, i), D) * an));
+      }
+    }
+  auto s = make_keydiff_scorer();
+  expect_scores_near(run_scorer(*s, x, 30), want, 1e-5, "keydiff");
+}
+
+TEST(BaselineScorers, LagKvRanksTokensByTheirSpreadRelativeToTheNextPartition) {
+  const ModelConfig c = small_config();
+  const int64_t T = 4 + 3 * 128 + 10;  // partitions 0 and 1 scored; partition 2 + remainder kept
+  const Context x = make_context(c, T, 9);
+  const int D = c.head_dim;
+  auto part_score = [&](int l, int h, bool keys, int64_t p0, int64_t t) {
+    // std over channels of the token normalised by partition p0+128's per-channel min/max; then softmax.
+    auto val = [&](int64_t i, int d) { return (double)(keys ? x.key(l, h, i) : x.value(l, h, i))[d]; };
+    std::vector<double> stdv(128);
+    for (int64_t u = 0; u < 128; u++) {
+      std::vector<double> z((size_t)D);
+      for (int d = 0; d < D; d++) {
+        double lo = INFINITY, hi = -INFINITY;
+        for (int64_t r = p0 + 128; r < p0 + 256; r++) lo = std::min(lo, val(r, d)), hi = std::max(hi, val(r, d));
+        z[(size_t)d] = (val(p0 + u, d) - lo) / (hi - lo);
+      }
+      const double m = std::accumulate(z.begin(), z.end(), 0.0) / D;
+      double var = 0;
+      for (double a : z) var += (a - m) * (a - m);
+      stdv[(size_t)u] = std::sqrt(var / (D - 1));
+    }
+    double sum = 0;
+    for (double a : stdv) sum += std::exp(a);
+    return std::exp(stdv[(size_t)t]) / sum;
+  };
+  Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)c.n_head_kv));
+  for (int l = 0; l < c.n_layer; l++)
+    for (int h = 0; h < c.n_head_kv; h++) {
+      std::vector<double> s((size_t)T, 1.0);
+      for (int p = 0; p < 2; p++) {
+        const int64_t p0 = 4 + p * 128;
+        std::vector<double> sc(128);
+        for (int64_t t = 0; t < 128; t++) sc[(size_t)t] = (part_score(l, h, true, p0, t) + part_score(l, h, false, p0, t)) / 2;
+        for (int64_t t = 0; t < 128; t++) {
+          int64_t rank = 0;  // how many tokens of the partition score lower
+          for (int64_t u = 0; u < 128; u++) rank += sc[(size_t)u] < sc[(size_t)t] || (sc[(size_t)u] == sc[(size_t)t] && u < t);
+          s[(size_t)(p0 + t)] = rank / 128.0;
+        }
+      }
+      want[(size_t)l][(size_t)h] = s;
+    }
+  auto s = make_lagkv_scorer();
+  expect_scores_near(run_scorer(*s, x, T), want, 1e-6, "lagkv");
+
+  // Too short for two partitions: sinks 1, then the most recent tokens score highest.
+  const Context shortx = make_context(c, 100, 10);
+  const CacheScores got = run_scorer(*s, shortx, 100);
+  for (int64_t i = 0; i < 100; i++) EXPECT_FLOAT_EQ(got[1][1][(size_t)i], i < 4 ? 1.0f : (float)(i - 4) / 96.0f);
+}
+
+TEST(BaselineScorers, CurMultipliesWindowNormalisedKeyAndValueEnergies) {
+  const ModelConfig c = small_config();
+  const int64_t T = 45;  // two full windows of 16 and a partial one
+  const Context x = make_context(c, T, 11);
+  const int D = c.head_dim;
+  Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)c.n_head_kv));
+  for (int l = 0; l < c.n_layer; l++)
+    for (int h = 0; h < c.n_head_kv; h++) {
+      std::vector<double> prod((size_t)T);
+      for (int64_t i = 0; i < T; i++) {
+        const int64_t w0 = i / 16 * 16, w1 = std::min<int64_t>(T, w0 + 16);
+        double ks = 0, vs = 0;
+        for (int64_t j = w0; j < w1; j++) ks += dot(x.key(l, h, j), x.key(l, h, j), D), vs += dot(x.value(l, h, j), x.value(l, h, j), D);
+        prod[(size_t)i] = dot(x.key(l, h, i), x.key(l, h, i), D) / ks * dot(x.value(l, h, i), x.value(l, h, i), D) / vs;
+      }
+      const double total = std::accumulate(prod.begin(), prod.end(), 0.0);
+      for (int64_t i = 0; i < T; i++) want[(size_t)l][(size_t)h].push_back(i < 4 ? 1.0 : prod[(size_t)i] / total);
+    }
+  auto s = make_cur_scorer();
+  expect_scores_near(run_scorer(*s, x, T), want, 1e-5, "cur");
+}
+
+TEST(BaselineScorers, CompactorBlendsLeverageAndTiledNonCausalAttention) {
+  const ModelConfig c = small_config();
+  const int64_t T = 8 + 256 + 90 + 4;  // one full tile and a partial one between the protected ends
+  const Context x = make_context(c, T, 12, /*rope=*/true, 0.5f);
+  const int D = c.head_dim, G = c.n_group(), Hkv = c.n_head_kv;
+  const double blend = 0.4;
+  const uint64_t seed = 5;
+  const int64_t left = 8, right = 4, S = T - left - right;
+  Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)Hkv, std::vector<double>((size_t)T, INFINITY)));
+  for (int l = 0; l < c.n_layer; l++) {
+    std::vector<std::vector<double>> lev((size_t)Hkv, std::vector<double>((size_t)S)), att = lev;
+    for (int hk = 0; hk < Hkv; hk++) {
+      // Leverage of the pre-RoPE keys (the cached f16 keys rotated back) through the sketch, by a direct inverse.
+      std::vector<double> K((size_t)(S * D)), mean((size_t)D, 0.0);
+      for (int64_t i = 0; i < S; i++) {
+        std::vector<float> k(x.key(l, hk, left + i), x.key(l, hk, left + i) + D);
+        rotate(c, k.data(), left + i, -1.0);
+        for (int d = 0; d < D; d++) K[(size_t)(i * D + d)] = k[(size_t)d], mean[(size_t)d] += k[(size_t)d] / (double)S;
+      }
+      const std::vector<double> phi = gaussian_sketch(seed, l, hk, D, 48);
+      std::vector<double> X((size_t)(S * 48), 0.0);
+      for (int64_t i = 0; i < S; i++)
+        for (int d = 0; d < D; d++)
+          for (int j = 0; j < 48; j++) X[(size_t)(i * 48 + j)] += (K[(size_t)(i * D + d)] - mean[(size_t)d]) * phi[(size_t)(d * 48 + j)];
+      // (X^T X + 0.01 I)^-1 by Gauss-Jordan.
+      const int k = 48;
+      std::vector<double> A((size_t)(k * 2 * k), 0.0);
+      for (int a = 0; a < k; a++) {
+        for (int b = 0; b < k; b++) {
+          double s = a == b ? 1e-2 : 0.0;
+          for (int64_t i = 0; i < S; i++) s += X[(size_t)(i * k + a)] * X[(size_t)(i * k + b)];
+          A[(size_t)(a * 2 * k + b)] = s;
+        }
+        A[(size_t)(a * 2 * k + k + a)] = 1;
+      }
+      for (int col = 0; col < k; col++) {
+        const double p = A[(size_t)(col * 2 * k + col)];
+        for (int cc = 0; cc < 2 * k; cc++) A[(size_t)(col * 2 * k + cc)] /= p;
+        for (int r = 0; r < k; r++)
+          if (r != col) {
+            const double f = A[(size_t)(r * 2 * k + col)];
+            for (int cc = 0; cc < 2 * k; cc++) A[(size_t)(r * 2 * k + cc)] -= f * A[(size_t)(col * 2 * k + cc)];
+          }
+      }
+      for (int64_t i = 0; i < S; i++) {
+        double s = 0;
+        for (int a = 0; a < k; a++)
+          for (int b = 0; b < k; b++) s += X[(size_t)(i * k + a)] * A[(size_t)(a * 2 * k + k + b)] * X[(size_t)(i * k + b)];
+        lev[(size_t)hk][(size_t)i] = s;
+      }
+      // Non-causal attention within tiles [8, 264) and [264, T - 4), unscaled logits.
+      std::vector<double> a((size_t)S, 0.0);
+      for (int64_t t0 = left; t0 < T - right; t0 += 256) {
+        const int64_t t1 = std::min(T - right, t0 + 256);
+        for (int g = 0; g < G; g++)
+          for (int64_t j = t0; j < t1; j++) {
+            std::vector<double> p;
+            double mx = -INFINITY, sum = 0;
+            for (int64_t i = t0; i < t1; i++) p.push_back(dot(x.query(l, hk * G + g, j), x.key(l, hk, i), D)), mx = std::max(mx, p.back());
+            for (double& e : p) sum += (e = std::exp(e - mx));
+            for (int64_t i = t0; i < t1; i++) a[(size_t)(i - left)] += p[(size_t)(i - t0)] / sum / G;
+          }
+      }
+      for (int64_t i = 0; i < S; i++) a[(size_t)i] *= std::sqrt(dot(x.value(l, hk, left + i), x.value(l, hk, left + i), D));
+      att[(size_t)hk] = naive_pool(a, 3);
+    }
+    std::vector<double*> lp, ap;
+    for (int hk = 0; hk < Hkv; hk++) lp.push_back(lev[(size_t)hk].data()), ap.push_back(att[(size_t)hk].data());
+    naive_zscore(lp, (size_t)S);
+    naive_zscore(ap, (size_t)S);
+    for (int hk = 0; hk < Hkv; hk++)
+      for (int64_t i = 0; i < S; i++) want[(size_t)l][(size_t)hk][(size_t)(left + i)] = blend * lev[(size_t)hk][(size_t)i] + att[(size_t)hk][(size_t)i];
+  }
+  // The tiles are consumed during the prefill: any step size gives the same scores.
+  for (int64_t step : std::vector<int64_t>{T, 100, 37, 1}) {
+    auto s = make_compactor_scorer(c, blend, seed);
+    expect_scores_near(run_scorer(*s, x, step), want, 2e-3, "compactor", 2e-3);
+  }
+}
+
+// ---------------------------------------------------------------- budgets
+
+TEST(BaselineBudgets, PyramidBudgetsFollowKvpressFormula) {
+  // T = 300, ratio 0.5, window 64, beta 20: capacity 214, min 7.5 and max 292.5, max clipped to
+  // T - window = 236 so min = 2 * 150 - 236 = 64; 30 layers step down by 172 / 29.
+  EXPECT_EQ(pyramid_layer_budget(300, 0.5, 0, 30), 236);
+  EXPECT_EQ(pyramid_layer_budget(300, 0.5, 29, 30), 64);
+  EXPECT_EQ(pyramid_layer_budget(300, 0.5, 1, 30), 230);  // 236 - 5.93 = 230.07
+  EXPECT_EQ(pyramid_layer_budget(300, 0.5, 15, 30), 147);  // 236 - 88.97 = 147.03
+  // T = 100: max clips to 36 < min 64, infeasible -> uniform round(T * (1 - ratio)), halves to even.
+  EXPECT_EQ(pyramid_layer_budget(100, 0.5, 0, 30), 50);
+  EXPECT_EQ(pyramid_layer_budget(101, 0.5, 3, 30), 50);  // round(50.5) = 50
+  EXPECT_EQ(pyramid_layer_budget(103, 0.5, 3, 30), 52);  // round(51.5) = 52
+  // No clipping: T = 2000, ratio 0.9: capacity 264, min 10 < window -> infeasible -> 200.
+  EXPECT_EQ(pyramid_layer_budget(2000, 0.9, 0, 30), 200);
+  // T = 2000, ratio 0.3: capacity 1464, min 70, max 2730 -> clipped 1936, min 864; layer 0 1936.
+  EXPECT_EQ(pyramid_layer_budget(2000, 0.3, 0, 30), 1936);
+  EXPECT_EQ(pyramid_layer_budget(2000, 0.3, 29, 30), 864);
+}
+
+TEST(BaselineBudgets, PyramidKvKeepsItsLayerBudgetOfTheBestSnapKvScoresPerHead) {
+  const ModelConfig c = small_config();  // 2 layers: layer 0 keeps max, layer 1 keeps min
+  const Context x = make_context(c, 300, 13);
+  const Scores snap = naive_snapkv(x);
+  const auto kept = run_ratio(make_pyramidkv_scorer(c), x, 0.5, "global");
+  for (int l = 0; l < 2; l++)
+    for (int h = 0; h < c.n_head_kv; h++) {
+      const int64_t keep = l == 0 ? 236 : 64;
+      EXPECT_EQ(kept[(size_t)l][(size_t)h], top_slots(snap[(size_t)l][(size_t)h], keep)) << l << " " << h;
+    }
+}
+
+TEST(BaselineBudgets, AdaKvPoolsALayersBudgetWithASafeguardPerHead) {
+  // Layer 0: head 0 scores far below head 1, so without the safeguard head 0 would lose everything.
+  const int T = 50;
+  KvCache cache(2, 2, 4);
+  std::vector<float> kv((size_t)T * 2 * 4, 0.5f);
+  std::vector<int32_t> pos(T);
+  std::iota(pos.begin(), pos.end(), 0);
+  for (int l = 0; l < 2; l++) cache.append_layer(l, T, kv.data(), kv.data(), pos.data());
+  cache.set_n_past(T);
+  CacheScores s(2, std::vector<std::vector<float>>(2, std::vector<float>(T)));
+  for (int i = 0; i < T; i++) {
+    s[0][0][(size_t)i] = (float)i;          // low
+    s[0][1][(size_t)i] = 1000.0f + (float)i;  // high
+    s[1][0][(size_t)i] = (float)((i * 7) % T);
+    s[1][1][(size_t)i] = (float)((i * 13) % T) + 0.5f;
+  }
+  const double ratio = 0.7;
+  EvictionMask drop = empty_mask(cache);
+  mark_lowest(cache, s, ratio, RatioScope::AdaKv, drop);
+  // Per head: n_kept = int(50 * 0.3) = 15, n_safe = int(15 * 0.2) = 3; the layer evicts 2 * 35 = 70.
+  auto count = [&](int l, int h) { return (int)std::count(drop[(size_t)l * 2 + h].begin(), drop[(size_t)l * 2 + h].end(), 1); };
+  EXPECT_EQ(count(0, 0) + count(0, 1), 70);
+  EXPECT_EQ(count(0, 0), T - 3);  // only its 3 safeguarded best survive
+  EXPECT_EQ(count(0, 1), 70 - (T - 3));
+  for (int i = T - 3; i < T; i++) EXPECT_EQ(drop[0][(size_t)i], 0) << i;
+  // Layer 1: the 70 lowest of the 100 scores, since no safeguarded entry is among them here.
+  std::vector<std::pair<float, int>> all;
+  for (int h = 0; h < 2; h++)
+    for (int i = 0; i < T; i++) all.push_back({s[1][(size_t)h][(size_t)i], h * T + i});
+  std::sort(all.begin(), all.end());
+  for (int r = 0; r < 100; r++) EXPECT_EQ(drop[(size_t)2 + all[(size_t)r].second / T][(size_t)(all[(size_t)r].second % T)], r < 70 ? 1 : 0) << r;
+  EXPECT_EQ(parse_ratio_scope("adakv"), RatioScope::AdaKv);
+}
+
+TEST(BaselineBudgets, AdaKvWrapperAndChunkKvUnderTheRatioPolicy) {
+  const ModelConfig c = small_config();
+  const Context x = make_context(c, 150, 14);
+  const Scores snap = naive_snapkv(x);
+  // AdaKV(SnapKV): at most T - int(T * 0.5) evicted per head on average, pooled within each layer.
+  const auto kept = run_ratio(make_adakv_scorer(make_snapkv_scorer(c)), x, 0.5, "global", 40);
+  for (int l = 0; l < 2; l++) {
+    std::vector<std::pair<double, int>> all;
+    for (int h = 0; h < 2; h++)
+      for (int i = 0; i < 150; i++) all.push_back({-snap[(size_t)l][(size_t)h][(size_t)i], h * 150 + i});
+    std::stable_sort(all.begin(), all.end());  // best first
+    std::set<int> want;
+    for (int r = 0; r < 150; r++) want.insert(all[(size_t)r].second);  // safeguard (15 per head) not binding here
+    std::set<int> got;
+    for (int h = 0; h < 2; h++)
+      for (int32_t p : kept[(size_t)l][(size_t)h]) got.insert(h * 150 + p);
+    EXPECT_EQ(got, want) << "layer " << l;
+  }
+  // ChunkKV: 8 chunks (7 of 20 + one of 10), keeps int(8 * 0.5) = 4 by mean of SnapKV summed over heads.
+  const auto ck = run_ratio(make_chunkkv_scorer(c), x, 0.5, "global");
+  for (int l = 0; l < 2; l++) {
+    double top = -INFINITY;
+    for (int h = 0; h < 2; h++)
+      for (double v : snap[(size_t)l][(size_t)h])
+        if (std::isfinite(v)) top = std::max(top, v);
+    std::vector<std::pair<double, int>> chunks;
+    for (int ci = 0; ci < 8; ci++) {
+      double m = 0;
+      const int c0 = ci * 20, c1 = std::min(150, c0 + 20);
+      for (int i = c0; i < c1; i++)
+        for (int h = 0; h < 2; h++) m += std::isinf(snap[(size_t)l][(size_t)h][(size_t)i]) ? top + 1 : snap[(size_t)l][(size_t)h][(size_t)i];
+      chunks.push_back({-m / (c1 - c0), ci});
+    }
+    std::sort(chunks.begin(), chunks.end());
+    std::vector<int32_t> want;
+    for (int r = 0; r < 4; r++)
+      for (int i = chunks[(size_t)r].second * 20; i < std::min(150, chunks[(size_t)r].second * 20 + 20); i++) want.push_back(i);
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(ck[(size_t)l][0], want) << "layer " << l;
+    EXPECT_EQ(ck[(size_t)l][1], want) << "layer " << l;
+  }
+}
+
+TEST(BaselineBudgets, ProtectedEntriesSurviveEvenAGlobalBudget) {
+  const ModelConfig c = small_config();
+  const Context x = make_context(c, 120, 15);
+  const auto kept = run_ratio(make_snapkv_scorer(c), x, 0.4, "global");  // 192 of the 224 scored entries
+  int64_t total = 0;
+  for (int l = 0; l < 2; l++)
+    for (int h = 0; h < 2; h++) {
+      const auto& k = kept[(size_t)l][(size_t)h];
+      total += (int64_t)k.size();
+      for (int32_t p = 56; p < 120; p++) EXPECT_TRUE(std::binary_search(k.begin(), k.end(), p)) << p;  // the window
+    }
+  EXPECT_EQ(total, 480 - 192);
+}
+
+// ---------------------------------------------------------------- with the real model
+
+std::string model_path() {
+  if (const char* m = std::getenv("KVZAP_MODEL"); m && *m) return m;
+  return default_model_path();
+}
+
+class BaselinesWithModel : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (std::filesystem::exists(model_path())) model_ = Model::load(model_path());
+  }
+  static void TearDownTestSuite() { model_.reset(); }
+  void SetUp() override {
+    if (!model_) FAIL() << "model not found at " << model_path() << " (CI pulls it first: run `kvzap pull` or set KVZAP_MODEL)";
+  }
+  static std::vector<int32_t> context_ids(int64_t n) {
+    std::string text;
+    for (int i = 0; text.size() < 4000; i++)
+      text += "The harbour master counted " + std::to_string(3 * i + 7) + " boats at dawn; the north pier held the "
+              "blue trawlers and the fog lifted by nine. Entry " + std::to_string(i) + " is closed. ";
+    std::vector<int32_t> ids = model_->tokenizer().encode(text, true);
+    ids.resize((size_t)n);
+    return ids;
+  }
+  static inline std::unique_ptr<Model> model_;
+};
+
+TEST_F(BaselinesWithModel, RegistryHoldsEveryBaselineButNotNoPress) {
+  std::set<std::string> names;
+  for (const ScorerEntry& e : scorer_registry()) {
+    names.insert(e.name);
+    EXPECT_FALSE(e.description.empty()) << e.name;
+  }
+  for (const char* n : {"snapkv", "tova", "observed_attention", "expected_attention", "expected_attention_uniform",
+                        "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur", "compactor"})
+    EXPECT_TRUE(names.count(n)) << n;
+  EXPECT_FALSE(names.count("no_press"));
+  PressOptions o;
+  o.name = "adakv_knorm";  // any press under AdaKV, by name
+  o.has_ratio = true;
+  o.ratio = 0.5;
+  auto p = make_press(o, *model_);
+  EXPECT_NE(p->name().find("adakv"), std::string::npos) << p->name();
+  o.name = "adakv_pyramidkv";
+  EXPECT_THROW(make_press(o, *model_), Error);
+  o.name = "snapkv";
+  o.has_ratio = false;
+  o.has_threshold = true;
+  EXPECT_THROW(make_press(o, *model_), Error);
+}
+
+TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
+  const ModelConfig& c = model_->config();
+  const int64_t T = 300;
+  const std::vector<int32_t> ids = context_ids(T);
+  const int64_t per_layer = (int64_t)c.n_head_kv * T, total = per_layer * c.n_layer;
+  SessionOptions so;
+  so.n_threads = 2;
+  so.n_ctx = 512;
+  Session s(*model_, so);
+  const std::vector<int32_t> question = model_->tokenizer().encode(" How many boats were counted at dawn?", false);
+  for (const char* name : {"snapkv", "tova", "observed_attention", "expected_attention", "expected_attention_uniform",
+                           "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur",
+                           "compactor", "adakv_keydiff"}) {
+    SCOPED_TRACE(name);
+    PressOptions o;
+    o.name = name;
+    o.has_ratio = true;
+    o.ratio = 0.5;
+    auto press = make_press(o, *model_);
+    s.prefill_context(ids, press.get());
+    int64_t want_evicted = total / 2;  // global: floor(0.5 * L * H * T)
+    const std::string n = name;
+    if (n == "pyramidkv") {
+      want_evicted = 0;
+      for (int l = 0; l < c.n_layer; l++) want_evicted += c.n_head_kv * (T - pyramid_layer_budget(T, 0.5, l, c.n_layer));
+    } else if (n == "chunkkv") {
+      want_evicted = (int64_t)c.n_layer * c.n_head_kv * (15 - 7) * 20;  // 15 chunks of 20, keeps int(7.5)
+    }
+    EXPECT_EQ(total - s.cache().entries_kept(), want_evicted);
+    if (n == "pyramidkv")  // layer 0 keeps the most, the last layer the least
+      EXPECT_GT(s.cache().entries_kept(0), s.cache().entries_kept(c.n_layer - 1));
+    // The protected ends survive.
+    for (int l = 0; l < c.n_layer; l++)
+      for (int h = 0; h < c.n_head_kv; h++) {
+        const int64_t len = s.cache().length(l, h);
+        if (n == "snapkv" || n == "tova" || n == "pyramidkv" || n == "adakv_snapkv")
+          EXPECT_EQ(s.cache().position_at(l, h, len - 1), T - 1);
+        if (n == "snapkv" || n == "adakv_snapkv") EXPECT_EQ(s.cache().position_at(l, h, len - 64), T - 64);
+        if (n == "expected_attention_uniform" || n == "cur" || n == "compactor")
+          EXPECT_EQ(s.cache().position_at(l, h, 3), 3);
+      }
+    GenerateOptions g;
+    g.max_new_tokens = 6;
+    g.stop_at_eog = false;
+    const GenerateResult r = s.generate(question, g);
+    EXPECT_EQ(r.tokens.size(), 6u);
+    EXPECT_FALSE(r.text.empty());
+    for (int i = 0; i < c.n_vocab; i += 97) ASSERT_TRUE(std::isfinite(s.logits()[i]));
+  }
+}
+
+}  // namespace
