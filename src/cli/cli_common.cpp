@@ -29,8 +29,8 @@ void PressArgs::add_to(CLI::App& sub) {
   sub.add_option("--press", name, "KV-cache press (see `kvzap presses`)");
   threshold_opt = sub.add_option("--threshold", threshold, "evict pairs scoring below T (per-token presses)");
   ratio_opt = sub.add_option("--ratio", ratio, "evict this fraction of the context's KV pairs")->check(CLI::Range(0.0, 1.0));
-  sub.add_option("--ratio-scope", scope, "ratio budget: global (across layers and heads), layer, or head")
-      ->check(CLI::IsMember({"global", "layer", "head"}));
+  sub.add_option("--ratio-scope", scope, "ratio budget: global (across layers and heads), layer, head, or adakv (per layer with a 20 % per-head safeguard)")
+      ->check(CLI::IsMember({"global", "layer", "head", "adakv"}));
   sub.add_option("--window", window, "threshold presses never judge the most recent W tokens")->check(CLI::Range(0, 1 << 20));
   sub.add_flag("--decode-press", decoding, "keep pruning question and generated tokens (threshold presses)");
   sub.add_option("--surrogate", surrogate, "KVzap surrogate folder (kvpress format)");

@@ -89,14 +89,14 @@ void attention_probs(const float* q, int64_t q_stride, int64_t n_rows, const int
   constexpr int64_t kRows = 4, kCols = 8;
   if (head_dim > 256) throw Error("attention scoring supports head dimensions up to 256, got " + std::to_string(head_dim));
   const int64_t D = head_dim;
-  float qs[kRows][256];
+  V4 qs[kRows][256];  // each query element broadcast to a register
   for (int64_t j0 = 0; j0 < n_rows; j0 += kRows) {
     const int64_t rows = std::min(kRows, n_rows - j0);
     int64_t vis[kRows], vis_max = 0;
     for (int64_t r = 0; r < kRows; r++) {
       vis[r] = r >= rows ? 0 : n_visible ? std::max<int64_t>(0, std::min(n_visible[j0 + r], n_keys)) : n_keys;
       vis_max = std::max(vis_max, vis[r]);
-      for (int64_t d = 0; d < D; d++) qs[r][d] = r < rows ? q[(j0 + r) * q_stride + d] * scale : 0.0f;
+      for (int64_t d = 0; d < D; d++) qs[r][d] = V4{} + (r < rows ? q[(j0 + r) * q_stride + d] * scale : 0.0f);
     }
     int64_t i = 0;
     for (; i + kCols <= vis_max; i += kCols) {
@@ -107,9 +107,8 @@ void attention_probs(const float* q, int64_t q_stride, int64_t n_rows, const int
         std::memcpy(&k0, kd, sizeof k0);
         std::memcpy(&k1, kd + 4, sizeof k1);
         for (int64_t r = 0; r < kRows; r++) {
-          const V4 qv = V4{} + qs[r][d];
-          acc[r][0] += qv * k0;
-          acc[r][1] += qv * k1;
+          acc[r][0] += qs[r][d] * k0;
+          acc[r][1] += qs[r][d] * k1;
         }
       }
       for (int64_t r = 0; r < rows; r++) std::memcpy(probs + (j0 + r) * n_keys + i, acc[r], sizeof acc[r]);
@@ -117,7 +116,7 @@ void attention_probs(const float* q, int64_t q_stride, int64_t n_rows, const int
     for (; i < vis_max; i++)  // the last few keys
       for (int64_t r = 0; r < rows; r++) {
         float a = 0;
-        for (int64_t d = 0; d < D; d++) a += qs[r][d] * keys_t[(size_t)d * n_keys + i];
+        for (int64_t d = 0; d < D; d++) a += qs[r][d][0] * keys_t[(size_t)d * n_keys + i];
         probs[(j0 + r) * n_keys + i] = a;
       }
     for (int64_t r = 0; r < rows; r++) {
@@ -125,12 +124,16 @@ void attention_probs(const float* q, int64_t q_stride, int64_t n_rows, const int
       const int64_t v = vis[r];
       std::fill(row + v, row + n_keys, 0.0f);  // masked keys (computed for the block's longest row)
       if (v <= 0) continue;
-      float mx = row[0];
-      for (int64_t k = 1; k < v; k++) mx = std::max(mx, row[k]);
+      const float mx = *std::max_element(row, row + v);
       for (int64_t k = 0; k < v; k++) row[k] -= mx;
       exp_nonpositive_inplace(row, v);
+      float lanes[8] = {};  // eight partial sums (vectorisable), added in double
+      int64_t k = 0;
+      for (; k + 8 <= v; k += 8)
+        for (int u = 0; u < 8; u++) lanes[u] += row[k + u];
       double sum = 0;
-      for (int64_t k = 0; k < v; k++) sum += row[k];
+      for (; k < v; k++) sum += row[k];
+      for (float x : lanes) sum += x;
       const float inv = (float)(1.0 / sum);
       for (int64_t k = 0; k < v; k++) row[k] *= inv;
     }

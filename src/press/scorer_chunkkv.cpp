@@ -71,7 +71,9 @@ class ChunkKvScorer : public SnapKvScorer, public BudgetSplit {
 std::unique_ptr<Scorer> make_chunkkv_scorer(const ModelConfig& c) { return std::make_unique<ChunkKvScorer>(c); }
 
 namespace {
-RegisterScorer reg({"chunkkv", "ChunkKV(SnapKV): keeps whole 20-token chunks by their mean SnapKV score, same for all heads",
+RegisterScorer reg({"chunkkv",
+                    "ChunkKV(SnapKV): keeps whole 20-token chunks by their mean SnapKV score, same for all heads "
+                    "(ratio scope does not apply)",
                     false, [](const PressOptions&, const Model& m) { return make_chunkkv_scorer(m.config()); }});
 }  // namespace
 

@@ -47,7 +47,7 @@ std::unique_ptr<Scorer> make_pyramidkv_scorer(const ModelConfig& c) { return std
 namespace {
 RegisterScorer reg({"pyramidkv",
                     "PyramidKV: SnapKV scores with per-layer budgets decreasing linearly with depth (beta 20), "
-                    "same count per head",
+                    "same count per head (its own budget: the ratio scope does not apply)",
                     false, [](const PressOptions&, const Model& m) { return make_pyramidkv_scorer(m.config()); }});
 }  // namespace
 

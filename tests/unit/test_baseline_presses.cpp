@@ -807,6 +807,8 @@ TEST_F(BaselinesWithModel, RegistryHoldsEveryBaselineButNotNoPress) {
   o.ratio = 0.5;
   auto p = make_press(o, *model_);
   EXPECT_NE(p->name().find("adakv"), std::string::npos) << p->name();
+  o.name = "adakv_expected_attention";  // already AdaKV in the registry: not wrapped twice
+  EXPECT_NE(make_press(o, *model_)->name().find("adakv"), std::string::npos);
   o.name = "adakv_pyramidkv";
   EXPECT_THROW(make_press(o, *model_), Error);
   o.name = "snapkv";
