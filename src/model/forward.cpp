@@ -153,8 +153,13 @@ void Forward::attention(int layer, int64_t n, KvCache& cache) {
   const int64_t D = cfg_.head_dim, H = cfg_.n_head, Hkv = cfg_.n_head_kv, G = cfg_.n_group();
   const float scale = 1.0f / std::sqrt((float)D);
   const int64_t n_blocks = (n + kQueryBlock - 1) / kQueryBlock;
-  pool_.parallel_for(Hkv * n_blocks, [&](int64_t task, int tid) {
-    const int64_t hk = task / n_blocks, blk = task % n_blocks;
+  // Decode has one block per KV head: too few tasks for the threads, so split each group by query head
+  // (the head's pages stay in cache between the group's tasks).
+  const int64_t g_split = Hkv * n_blocks < 4 * pool_.size() ? G : 1;
+  const int64_t g_per_task = G / g_split;
+  pool_.parallel_for(Hkv * g_split * n_blocks, [&](int64_t task, int tid) {
+    const int64_t blk = task % n_blocks, hk = task / n_blocks / g_split;
+    const int64_t g0 = (task / n_blocks % g_split) * g_per_task, g1 = g0 + g_per_task;
     const int64_t t0 = blk * kQueryBlock, t1 = std::min(n, t0 + kQueryBlock);
     const int64_t n_old = cache.length(layer, (int)hk) - n;  // entries kept before this step
     // Gather the block's query rows, ordered (token, group head), scaled so dots are logits.
@@ -163,7 +168,7 @@ void Forward::attention(int layer, int64_t n, KvCache& cache) {
     int64_t* visible = att_visible_[tid].data();
     int rows = 0;
     for (int64_t t = t0; t < t1; t++)
-      for (int64_t g = 0; g < G; g++, rows++) {
+      for (int64_t g = g0; g < g1; g++, rows++) {
         const float* src = &q_[(t * H + hk * G + g) * D];
         // Queries are rounded to f16 like llama.cpp does before its f16 K dot products.
         for (int64_t i = 0; i < D; i++) qb[rows * D + i] = fp16_to_fp32(fp32_to_fp16(src[i])) * scale;
@@ -173,7 +178,7 @@ void Forward::attention(int layer, int64_t n, KvCache& cache) {
     attend(b, cache, layer, (int)hk, att_scores_[tid].data(), att_kv_[tid].data());
     rows = 0;
     for (int64_t t = t0; t < t1; t++)
-      for (int64_t g = 0; g < G; g++, rows++)
+      for (int64_t g = g0; g < g1; g++, rows++)
         std::copy(ob + rows * D, ob + (rows + 1) * D, &attn_[(t * H + hk * G + g) * D]);
   });
 }

@@ -95,6 +95,7 @@ PressOptions ratio_press(const std::string& name, double ratio) {
   o.name = name;
   o.has_ratio = true;
   o.ratio = ratio;
+  o.ratio_scope = kvpress_ratio_scope(name);
   return o;
 }
 
