@@ -12,6 +12,7 @@
 #include "format/gguf.h"
 #include "kvzap/error.h"
 #include "tokenizer/tokenizer.h"
+#include "test_support.h"
 
 using namespace kvzap;
 
@@ -25,12 +26,7 @@ nlohmann::json load_golden(const std::string& name) {
 }
 
 std::string find_model() {
-  if (const char* m = getenv("KVZAP_MODEL"); m && *m) return m;
-  const std::string name = "/SmolLM2-135M-Instruct.Q4_1.gguf";
-  if (const char* d = getenv("KVZAP_MODELS"); d && *d) return d + name;
-  if (const char* x = getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/kvzap/models" + name;
-  const char* home = getenv("HOME");
-  return std::string(home ? home : "") + "/.cache/kvzap/models" + name;
+  return kvzap::test::default_model_path();
 }
 
 std::vector<ChatMessage> messages_of(const nlohmann::json& j) {

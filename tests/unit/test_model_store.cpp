@@ -16,6 +16,7 @@
 #include "common/sha256.h"
 #include "engine/model_store.h"
 #include "format/zip.h"
+#include "test_support.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -179,12 +180,7 @@ TEST_F(ModelStoreTest, ResolveModelFindsFiles) {
 }
 
 std::string find_real_model() {
-  if (const char* m = getenv("KVZAP_MODEL"); m && *m) return m;
-  const std::string name = "/SmolLM2-135M-Instruct.Q4_1.gguf";
-  if (const char* d = getenv("KVZAP_MODELS"); d && *d) return d + name;
-  if (const char* x = getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/kvzap/models" + name;
-  const char* home = getenv("HOME");
-  return std::string(home ? home : "") + "/.cache/kvzap/models" + name;
+  return kvzap::test::default_model_path();
 }
 
 TEST(ModelStoreReal, CachedModelIsUsedWithoutPip) {

@@ -16,6 +16,7 @@
 #include "eval/ruler.h"
 #include "format/gguf.h"
 #include "kvzap/error.h"
+#include "test_support.h"
 
 using namespace kvzap;
 using namespace kvzap::eval;
@@ -443,12 +444,7 @@ TEST(EvalRuler, JsonlRoundTrip) {
 
 namespace {
 std::string find_default_model() {
-  if (const char* m = getenv("KVZAP_MODEL"); m && *m) return m;
-  const std::string name = "/SmolLM2-135M-Instruct.Q4_1.gguf";
-  if (const char* d = getenv("KVZAP_MODELS"); d && *d) return d + name;
-  if (const char* x = getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/kvzap/models" + name;
-  const char* home = getenv("HOME");
-  return std::string(home ? home : "") + "/.cache/kvzap/models" + name;
+  return kvzap::test::default_model_path();
 }
 }  // namespace
 

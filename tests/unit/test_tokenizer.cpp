@@ -18,18 +18,14 @@
 #include "tokenizer/byte_level.h"
 #include "tokenizer/pre_tokenizer.h"
 #include "tokenizer/tokenizer.h"
+#include "test_support.h"
 
 using namespace kvzap;
 
 namespace {
 
 std::string find_model() {
-  if (const char* m = getenv("KVZAP_MODEL"); m && *m) return m;
-  const std::string name = "/SmolLM2-135M-Instruct.Q4_1.gguf";
-  if (const char* d = getenv("KVZAP_MODELS"); d && *d) return d + name;
-  if (const char* x = getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/kvzap/models" + name;
-  const char* home = getenv("HOME");
-  return std::string(home ? home : "") + "/.cache/kvzap/models" + name;
+  return kvzap::test::default_model_path();
 }
 
 // The default model's tokenizer, loaded once for all tests; a missing model is a failure, not a skip.
