@@ -25,7 +25,7 @@ TASKS=niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multivalue,
 RATIO_PRESSES=random,knorm,streaming_llm,snapkv,expected_attention,kvzip
 RATIOS=0.25,0.5,0.75,0.875
 KVZAP_PRESSES=kvzap-linear,kvzap-mlp
-THRESHOLDS=-7,-6,-5,-4
+THRESHOLDS=-5,-4,-3,-2,0
 
 # Faithfulness: teacher-forced windows of held-out text (an eval haystack novel, never training text).
 FAITH_TEXT=data/eval/haystack/persuasion.txt

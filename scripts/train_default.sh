@@ -8,7 +8,8 @@
 #
 # Environment: KVZAP_BIN (default build/kvzap), KVZAP_MODEL (default: the pulled default model),
 # THREADS (default 2), WORK (intermediate files, default runs/train_default).
-# About 45 minutes on 2 shared cores; the datasets take ~1.8 GB under $WORK.
+# About 35 minutes on 2 shared cores (docs/TRAINING.md has measured timings); the datasets take
+# ~1.8 GB under $WORK.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

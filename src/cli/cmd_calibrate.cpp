@@ -35,6 +35,13 @@ struct CalibrateArgs {
   bool write_default = false;
 };
 
+// Paths under the source tree are recorded relative to it (the files are committed).
+std::string display_path(const std::string& p) {
+  const fs::path abs = fs::absolute(p).lexically_normal(), root = fs::path(KVZAP_SOURCE_DIR).lexically_normal();
+  const fs::path rel = abs.lexically_relative(root);
+  return !rel.empty() && *rel.begin() != ".." ? rel.string() : p;
+}
+
 std::vector<double> parse_thresholds(const std::string& s) {
   std::vector<double> out;
   try {
@@ -125,14 +132,16 @@ std::string svg_plot(const std::vector<Curve>& curves, const std::vector<double>
     for (size_t i = thr.size(); i-- > 0;) band << X(thr[i]) << "," << Y(cv.lo[i]) << " ";
     for (size_t i = 0; i < thr.size(); i++) line << X(thr[i]) << "," << Y(cv.mean[i]) << " ";
     o << "<polygon points=\"" << band.str() << "\" fill=\"" << col << "\" fill-opacity=\"0.12\" stroke=\"none\"/>\n";
-    o << "<polyline points=\"" << line.str() << "\" fill=\"none\" stroke=\"" << col << "\" stroke-width=\"2\"/>\n";
+    const char* dash = c % 2 ? " stroke-dasharray=\"7,4\"" : "";  // overlapping curves stay visible
+    o << "<polyline points=\"" << line.str() << "\" fill=\"none\" stroke=\"" << col << "\" stroke-width=\"2\"" << dash
+      << "/>\n";
     for (size_t i = 0; i < thr.size(); i++)
       o << "<circle cx=\"" << X(thr[i]) << "\" cy=\"" << Y(cv.mean[i]) << "\" r=\"2.5\" fill=\"" << col << "\"/>\n";
     o << "<circle cx=\"" << X(thr[cv.best]) << "\" cy=\"" << Y(cv.mean[cv.best]) << "\" r=\"6\" fill=\"none\" stroke=\""
       << col << "\" stroke-width=\"2\"/>\n";
     const double ly = top + 18 + 18 * (double)c;
     o << "<line x1=\"" << left + 12 << "\" y1=\"" << ly - 4 << "\" x2=\"" << left + 36 << "\" y2=\"" << ly - 4
-      << "\" stroke=\"" << col << "\" stroke-width=\"2\"/>\n<text x=\"" << left + 42 << "\" y=\"" << ly << "\">"
+      << "\" stroke=\"" << col << "\" stroke-width=\"2\"" << dash << "/>\n<text x=\"" << left + 42 << "\" y=\"" << ly << "\">"
       << cv.label << " (circled: T = " << thr[cv.best] << ", " << std::lround(100 * cv.mean[cv.best])
       << "% evicted; band = min..max over texts)</text>\n";
   }
@@ -259,12 +268,14 @@ int run_calibrate(const CalibrateArgs& a) {
   std::fprintf(stderr, "calibrate: %zu texts, %lld tokens (mean %.0f); * = closest to the %.0f%% target\n", docs.size(),
                (long long)total_tokens, (double)total_tokens / (double)docs.size(), 100 * a.target);
 
+  std::vector<std::string> shown_docs;
+  for (const std::string& d : docs) shown_docs.push_back(display_path(d));
   if (!a.out_dir.empty()) {
     fs::create_directories(a.out_dir);
     nlohmann::json j = {{"model", c.name}, {"window", a.window}, {"thresholds", thr}, {"target", a.target},
-                        {"files", docs}, {"tokens", lengths}, {"surrogates", nlohmann::json::array()}};
+                        {"files", shown_docs}, {"tokens", lengths}, {"surrogates", nlohmann::json::array()}};
     for (const Curve& cv : curves)
-      j["surrogates"].push_back({{"label", cv.label}, {"dir", cv.dir}, {"mean", cv.mean}, {"min", cv.lo}, {"max", cv.hi},
+      j["surrogates"].push_back({{"label", cv.label}, {"dir", display_path(cv.dir)}, {"mean", cv.mean}, {"min", cv.lo}, {"max", cv.hi},
                                  {"per_file", cv.frac}, {"closest_to_target", thr[cv.best]}});
     std::ofstream(fs::path(a.out_dir) / "calibration.json") << j.dump(2) << "\n";
     std::ofstream svg(fs::path(a.out_dir) / "calibration.svg");
@@ -279,7 +290,7 @@ int run_calibrate(const CalibrateArgs& a) {
                           {"evicted_fraction_at_default", cv.mean[cv.best]},
                           {"target_evicted_fraction", a.target},
                           {"window", a.window},
-                          {"calibration", {{"texts", docs.size()}, {"tokens", total_tokens}, {"file_list", list},
+                          {"calibration", {{"texts", docs.size()}, {"tokens", total_tokens}, {"file_list", display_path(list)},
                                            {"max_tokens", a.max_tokens}}}};
       std::ofstream f(p);
       f << j.dump(2) << "\n";

@@ -17,6 +17,7 @@
 
 #include "common/fp16.h"
 #include "engine/session.h"
+#include "kvzap/error.h"
 #include "press/kvzip.h"
 #include "press/press.h"
 
