@@ -111,10 +111,10 @@ EOF
 faithfulness() {
   local dir="$OUT/faithfulness"
   mkdir -p "$dir"
-  run_one() {  # name kind value [extra args]
-    local f="$dir/$1__$2_$3.json"
+  run_one() {  # press kind value [--decoding]
+    local f="$dir/$1${4:++decoding}__$2_$3.json"
     [[ -f "$f" ]] && return 0
-    "$KVZAP" faithfulness --press "$1" "--$2" "$3" -f "$FAITH_TEXT" "${FAITH_ARGS[@]}" -t "$THREADS" -q \
+    "$KVZAP" faithfulness --press "$1" "--$2" "$3" ${4:-} -f "$FAITH_TEXT" "${FAITH_ARGS[@]}" -t "$THREADS" -q \
       --out "$f.tmp" > /dev/null
     mv "$f.tmp" "$f"
   }
@@ -126,12 +126,17 @@ faithfulness() {
     for p in ${KVZAP_PRESSES//,/ }; do
       for t in ${THRESHOLDS//,/ }; do run_one "$p" threshold "$t"; done
     done
+    # Pruning the continuation too (the tail of the context then leaves the protected window).
+    run_one kvzap-mlp threshold -3 --decoding
   fi
   # One CSV, and report-format rows (score = top-1 agreement in %) so `kvzap report` can plot them.
   python3 - "$dir" <<'EOF'
 import csv, glob, json, os, sys
 d = sys.argv[1]
 rs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(d, "*.json")))]
+for r in rs:
+    if r["decoding"]:
+        r["press"] += "+decoding"
 rs.sort(key=lambda r: (r["press"], r["setting"]))
 keys = ["press", "setting_kind", "setting", "evicted_fraction", "evicted_fraction_end", "mean_kl", "max_kl",
         "top1_agreement", "nll_full", "nll_pressed", "nll_diff", "ppl_ratio", "positions", "seconds"]

@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
+#include <string_view>
 #include <unordered_map>
 
 #include "eval/rng.h"

@@ -82,6 +82,10 @@ struct RegisterScorer {
   explicit RegisterScorer(ScorerEntry e) { scorer_registry().push_back(std::move(e)); }
 };
 
+// KVzap surrogate folder for `kind` ("linear" | "mlp"): opt.surrogate_dir, else the one shipped for the
+// model under data/surrogates/ (throws kvzap::Error telling the user to pass --surrogate otherwise).
+std::string kvzap_surrogate_dir(const PressOptions& opt, const Model& model, const std::string& kind);
+
 std::unique_ptr<Press> make_threshold_press(std::unique_ptr<Scorer> scorer, const PressOptions& opt);
 std::unique_ptr<Press> make_ratio_press(std::unique_ptr<Scorer> scorer, const PressOptions& opt);
 

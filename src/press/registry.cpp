@@ -6,6 +6,7 @@
 
 #include "kvzap/error.h"
 #include "press/baselines.h"
+#include "press/kvzip.h"
 #include "press/policy.h"
 
 namespace kvzap {
@@ -34,7 +35,16 @@ std::string number(double v) {
 
 }  // namespace
 
-std::unique_ptr<Press> make_press(const PressOptions& opt, const Model& model) {
+std::unique_ptr<Press> make_press(const PressOptions& options, const Model& model) {
+  PressOptions opt = options;
+  // KVzap without a setting: the threshold calibrated for its surrogate (kvzap.json beside it).
+  if (!opt.has_threshold && !opt.has_ratio && (opt.name == "kvzap-linear" || opt.name == "kvzap-mlp")) {
+    const std::string dir = kvzap_surrogate_dir(opt, model, opt.name == "kvzap-mlp" ? "mlp" : "linear");
+    if (const std::optional<double> t = default_kvzap_threshold(dir)) {
+      opt.has_threshold = true;
+      opt.threshold = *t;
+    }
+  }
   const auto& reg = scorer_registry();
   auto find = [&](const std::string& name) {
     return std::find_if(reg.begin(), reg.end(), [&](const ScorerEntry& e) { return e.name == name; });

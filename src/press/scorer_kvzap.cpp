@@ -24,21 +24,6 @@ std::string folder_name(const std::string& model_name) {
   return s;
 }
 
-// The surrogate folder: --surrogate DIR, else <source>/data/surrogates/<model name>/<kind> if shipped.
-std::string surrogate_dir(const PressOptions& opt, const Model& model, const std::string& kind) {
-  if (!opt.surrogate_dir.empty()) return opt.surrogate_dir;
-  const std::string& name = model.config().name;
-  const fs::path root = fs::path(KVZAP_SOURCE_DIR) / "data" / "surrogates";
-  for (const std::string& n : {name, folder_name(name)}) {
-    if (n.empty()) continue;
-    const fs::path dir = root / n / kind;
-    std::error_code ec;
-    if (fs::exists(dir / "config.json", ec)) return dir.string();
-  }
-  throw Error("press '" + opt.name + "' needs a " + kind + " surrogate for model '" + name +
-              "': pass --surrogate DIR (no default in " + (root / folder_name(name) / kind).string() + ")");
-}
-
 class KvzapScorer : public Scorer {
  public:
   explicit KvzapScorer(std::unique_ptr<Surrogate> s) : surrogate_(std::move(s)) {}
@@ -61,7 +46,7 @@ class KvzapScorer : public Scorer {
 
 std::unique_ptr<Scorer> make_kvzap(const PressOptions& opt, const Model& model, bool mlp) {
   const std::string kind = mlp ? "mlp" : "linear";
-  const std::string dir = surrogate_dir(opt, model, kind);
+  const std::string dir = kvzap_surrogate_dir(opt, model, kind);
   std::unique_ptr<Surrogate> s = Surrogate::load(dir);
   const ModelConfig& c = model.config();
   if (s->is_mlp() != mlp)
@@ -80,4 +65,20 @@ RegisterScorer reg_mlp({"kvzap-mlp", "KVzap-MLP: a per-layer 2-layer MLP surroga
                         [](const PressOptions& o, const Model& m) { return make_kvzap(o, m, true); }});
 
 }  // namespace
+
+// The surrogate folder: --surrogate DIR, else <source>/data/surrogates/<model name>/<kind> if shipped.
+std::string kvzap_surrogate_dir(const PressOptions& opt, const Model& model, const std::string& kind) {
+  if (!opt.surrogate_dir.empty()) return opt.surrogate_dir;
+  const std::string& name = model.config().name;
+  const fs::path root = fs::path(KVZAP_SOURCE_DIR) / "data" / "surrogates";
+  for (const std::string& n : {name, folder_name(name)}) {
+    if (n.empty()) continue;
+    const fs::path dir = root / n / kind;
+    std::error_code ec;
+    if (fs::exists(dir / "config.json", ec)) return dir.string();
+  }
+  throw Error("press '" + opt.name + "' needs a " + kind + " surrogate for model '" + name +
+              "': pass --surrogate DIR (no default in " + (root / folder_name(name) / kind).string() + ")");
+}
+
 }  // namespace kvzap
