@@ -120,6 +120,7 @@ void Forward::step(const int32_t* tokens, int64_t n, KvCache& cache, LogitsMode 
       st.q = q_.data();
       st.k = k_.data();
       st.v = v_.data();
+      st.pool = &pool_;
       cache.set_n_past(pos0 + n);  // observers see the sequence length including this step
       observer->after_attention(st, cache);
     }

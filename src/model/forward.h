@@ -20,6 +20,7 @@ struct LayerStep {
   const float* q = nullptr;      // [n_tok][n_head][head_dim] after RoPE (not scaled)
   const float* k = nullptr;      // [n_tok][n_head_kv][head_dim] after RoPE (also stored in the cache)
   const float* v = nullptr;      // [n_tok][n_head_kv][head_dim]
+  ThreadPool* pool = nullptr;    // the engine's workers (idle while the observer runs)
 };
 
 class LayerObserver {

@@ -32,8 +32,13 @@ class KvzapScorer : public Scorer {
     const int64_t n = step.n_tok;
     const int H = surrogate_->output_dim();
     if (pred_.size() < (size_t)(n * H)) pred_.resize((size_t)(n * H));
-    if (scratch_.size() < (size_t)surrogate_->scratch_floats(n)) scratch_.resize((size_t)surrogate_->scratch_floats(n));
-    surrogate_->predict(step.layer, step.h, n, pred_.data(), scratch_.data());  // [n][H]
+    if (step.pool) {
+      surrogate_->predict_threaded(step.layer, step.h, n, pred_.data(), *step.pool, scratch_);  // [n][H]
+    } else {
+      if (scratch_.empty()) scratch_.resize(1);
+      if (scratch_[0].size() < (size_t)surrogate_->scratch_floats(n)) scratch_[0].resize((size_t)surrogate_->scratch_floats(n));
+      surrogate_->predict(step.layer, step.h, n, pred_.data(), scratch_[0].data());
+    }
     for (int h = 0; h < H; h++)
       for (int64_t t = 0; t < n; t++) out[(size_t)h * n + t] = pred_[(size_t)t * H + h];
   }
@@ -41,7 +46,7 @@ class KvzapScorer : public Scorer {
  private:
   std::unique_ptr<Surrogate> surrogate_;
   std::vector<float> pred_;     // [n_tok][H]
-  std::vector<float> scratch_;  // [n_tok][hidden]
+  std::vector<std::vector<float>> scratch_;  // per thread: [chunk][hidden]
 };
 
 std::unique_ptr<Scorer> make_kvzap(const PressOptions& opt, const Model& model, bool mlp) {

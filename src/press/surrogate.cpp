@@ -371,4 +371,21 @@ void Surrogate::save(const std::string& dir) const {
   if (!out) throw Error("surrogate " + dir + ": cannot write config.json");
 }
 
+void Surrogate::predict_threaded(int layer, const float* h, int64_t n_tok, float* out, ThreadPool& pool,
+                                 std::vector<std::vector<float>>& scratch) const {
+  constexpr int64_t kChunk = 32;
+  if ((int)scratch.size() < pool.size()) scratch.resize((size_t)pool.size());
+  for (auto& s : scratch)
+    if ((int64_t)s.size() < std::max<int64_t>(1, scratch_floats(kChunk))) s.resize((size_t)std::max<int64_t>(1, scratch_floats(kChunk)));
+  const int64_t n_chunks = (n_tok + kChunk - 1) / kChunk;
+  if (n_chunks <= 1) {
+    predict(layer, h, n_tok, out, scratch[0].data());
+    return;
+  }
+  pool.parallel_for(n_chunks, [&](int64_t c, int tid) {
+    const int64_t t0 = c * kChunk, n = std::min(kChunk, n_tok - t0);
+    predict(layer, h + t0 * input_dim_, n, out + t0 * output_dim_, scratch[(size_t)tid].data());
+  });
+}
+
 }  // namespace kvzap

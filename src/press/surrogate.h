@@ -9,6 +9,7 @@
 // `layers.{l}.0.weight` [hidden, D_h], `layers.{l}.0.bias` [hidden], `layers.{l}.2.weight`
 // [H, hidden], `layers.{l}.2.bias` [H]. F32, BF16 or F16 weights are converted to f32 at load.
 #pragma once
+#include "kernels/thread_pool.h"
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -66,6 +67,10 @@ class Surrogate {
   // scratch: [n_tok][hidden_dim] floats (unused, may be null, for linear). No allocation.
   void predict(int layer, const float* h, int64_t n_tok, float* out, float* scratch) const;
   int64_t scratch_floats(int64_t n_tok) const { return n_tok * hidden_dim_; }
+  // predict() over chunks of tokens on a pool (tokens are independent, so the result is bit-identical).
+  // scratch: one buffer per pool thread, grown on first use.
+  void predict_threaded(int layer, const float* h, int64_t n_tok, float* out, ThreadPool& pool,
+                        std::vector<std::vector<float>>& scratch) const;
 
  private:
   int input_dim_ = 0, output_dim_ = 0, hidden_dim_ = 0;
