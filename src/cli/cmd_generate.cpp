@@ -109,6 +109,7 @@ int run_generate(const GenerateArgs& a) {
     j["evicted_fraction"] = r.evicted_fraction;
     j["kv_bytes"] = r.kv_bytes;
     j["kv_bytes_full"] = r.kv_bytes_full;
+    j["kv_lengths"] = r.kv_lengths;  // [layer][KV head] kept entries after the context
     j["evicted_fraction_end"] = r.evicted_fraction_end;
     j["kv_bytes_end"] = r.kv_bytes_end;
     j["kv_bytes_full_end"] = r.kv_bytes_full_end;

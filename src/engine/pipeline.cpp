@@ -34,6 +34,10 @@ QaResult answer_questions(Session& s, Press* press, const ContextPrompt& p, cons
   r.evicted_fraction = s.cache().evicted_fraction();
   r.kv_bytes = s.cache().bytes_resident();
   r.kv_bytes_full = s.cache().bytes_full();
+  const KvCache& c = s.cache();
+  r.kv_lengths.assign((size_t)c.n_layer(), std::vector<int64_t>((size_t)c.n_head_kv()));
+  for (int l = 0; l < c.n_layer(); l++)
+    for (int h = 0; h < c.n_head_kv(); h++) r.kv_lengths[l][h] = c.length(l, h);
   for (size_t i = 0; i < p.question_ids.size(); i++) {
     if (i > 0) s.rewind(r.n_context);  // drop the previous question and answer
     std::function<bool(const std::string&)> cb;

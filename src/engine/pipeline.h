@@ -27,6 +27,7 @@ struct QaResult {
   double context_seconds = 0;      // prefill + compression
   double evicted_fraction = 0;     // after the context was compressed
   int64_t kv_bytes = 0, kv_bytes_full = 0;  // after the context was compressed
+  std::vector<std::vector<int64_t>> kv_lengths;  // [layer][KV head] kept entries after compression
   double evicted_fraction_end = 0; // after the last answer (differs with decoding pruning)
   int64_t kv_bytes_end = 0, kv_bytes_full_end = 0;
 };
