@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The exact commands behind docs/RESULTS.md (SmolLM2-135M-Instruct Q4_1, 2 threads).
 #
-#   scripts/run_results.sh [calibration|sweep|report|faithfulness|all]   (default: all)
+#   scripts/run_results.sh [calibration|sweep|focus|report|faithfulness|all]   (default: all)
 #
 # Raw per-sample outputs go to runs/results/ (git-ignored); the small, committed files (per-task CSV,
 # summaries, leaderboard, SVG plots, faithfulness JSON) are copied into docs/results/. Every step is
@@ -27,9 +27,16 @@ RATIOS=0.25,0.5,0.75,0.875
 KVZAP_PRESSES=kvzap-linear,kvzap-mlp
 THRESHOLDS=-5,-4,-3,-2,0
 
+# A second, focused sweep with twice the samples where the question is decided (evicted 0.5-0.75):
+# the strongest baselines against KVzap, 10 samples per task (samples 0-4 are the main sweep's).
+FOCUS_SAMPLES=10
+FOCUS_RATIO_PRESSES=kvzip,expected_attention
+FOCUS_RATIOS=0.5,0.75
+FOCUS_THRESHOLDS=-4,-3,-2
+
 # Faithfulness: teacher-forced windows of held-out text (an eval haystack novel, never training text).
 FAITH_TEXT=data/eval/haystack/persuasion.txt
-FAITH_ARGS=(--context-tokens 1024 --window-tokens 64 --windows 3)
+FAITH_ARGS=(--context-tokens 1024 --window-tokens 64 --windows 8)
 
 [[ -x "$KVZAP" ]] || { echo "no kvzap binary at $KVZAP (build first, or set KVZAP_BIN)" >&2; exit 1; }
 mkdir -p "$WORK" "$OUT"
@@ -44,8 +51,7 @@ calibration() {
   for L in 512 1024 2048; do
     local dir="$WORK/calibration/L$L"
     if [[ ! -f "$dir/summary.json" ]]; then
-      /usr/bin/time -f "calibration L=$L: %e s wall" \
-        "$KVZAP" eval --suite ruler --length "$L" --samples 5 --out "$dir" -t "$THREADS" -q
+      "$KVZAP" eval --suite ruler --length "$L" --samples 5 --out "$dir" -t "$THREADS" -q
     fi
     mkdir -p "$OUT/calibration/L$L"
     cp "$dir/tasks.csv" "$dir/summary.json" "$OUT/calibration/L$L/"
@@ -65,11 +71,28 @@ sweep() {
   echo "sweep: $((SECONDS - t0)) s wall in this invocation" >&2
 }
 
+# 2b. The focused sweep (needs the KVzap surrogates).
+focus() {
+  have_kvzap_surrogates || { echo "no KVzap surrogates: skipping the focused sweep" >&2; return 0; }
+  local t0=$SECONDS
+  "$KVZAP" sweep --presses "$FOCUS_RATIO_PRESSES,$KVZAP_PRESSES" --ratios "$FOCUS_RATIOS" --thresholds "$FOCUS_THRESHOLDS" \
+    --length "$LENGTH" --samples "$FOCUS_SAMPLES" --tasks "$TASKS" --out "$WORK/focus-$LENGTH" -t "$THREADS" \
+    > "$WORK/focus-$LENGTH.md"
+  echo "focused sweep: $((SECONDS - t0)) s wall in this invocation" >&2
+}
+
 # 3. Leaderboard + plots, and the per-cell summaries (small) next to them.
 report() {
-  local src="$WORK/sweep-$LENGTH" dst="$OUT/ruler-$LENGTH"
+  report_one sweep "$SAMPLES"
+  [[ -d "$WORK/focus-$LENGTH" ]] && report_one focus "$FOCUS_SAMPLES"
+  return 0
+}
+
+report_one() {  # sweep-name samples-per-task
+  local src="$WORK/$1-$LENGTH" dst="$OUT/ruler-$LENGTH"
+  [[ "$1" == sweep ]] || dst="$OUT/ruler-$LENGTH-$1"
   "$KVZAP" report "$src" --out "$dst" \
-    --title "Offline RULER-style suite, length $LENGTH, SmolLM2-135M-Instruct Q4_1, $SAMPLES samples/task" > /dev/null
+    --title "RULER $LENGTH, $2 per task" > /dev/null
   mkdir -p "$dst/cells"
   for cell in "$src"/*/; do
     [[ -f "$cell/summary.json" ]] && cp "$cell/summary.json" "$dst/cells/$(basename "$cell").json"
@@ -154,14 +177,15 @@ with open(os.path.join(d, "top1_rows.csv"), "w", newline="") as f:
                     r["top1_agreement"], r["evicted_fraction"]])
 EOF
   "$KVZAP" report "$dir/top1_rows.csv" --out "$dir/report" \
-    --title "Teacher-forced top-1 agreement with the full cache (Persuasion, 3 x 64 positions after 1024 tokens)" > /dev/null
+    --title "Top-1 agreement (Persuasion)" > /dev/null
 }
 
 case "$step" in
   calibration) calibration ;;
   sweep) sweep ;;
+  focus) focus ;;
   report) report ;;
   faithfulness) faithfulness ;;
-  all) calibration; sweep; report; faithfulness ;;
-  *) echo "unknown step '$step' (calibration|sweep|report|faithfulness|all)" >&2; exit 2 ;;
+  all) calibration; sweep; focus; report; faithfulness ;;
+  *) echo "unknown step '$step' (calibration|sweep|focus|report|faithfulness|all)" >&2; exit 2 ;;
 esac

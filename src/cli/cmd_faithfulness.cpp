@@ -32,8 +32,8 @@ int run_faithfulness(FaithArgs a) {
   const int64_t span = a.opt.context_tokens + a.opt.window_tokens + 1;
   // Room for KVzip's repeat-the-context scoring pass, within what the session accepts.
   if (a.m.ctx == 0)
-    a.m.ctx = std::max<int64_t>(span, std::min<int64_t>(span + a.opt.context_tokens + 256,
-                                                         4 * (int64_t)model->config().n_ctx_train));
+    a.m.ctx = std::max<int64_t>(
+        span, std::min<int64_t>(span + a.opt.context_tokens + 256, 4 * (int64_t)model->config().n_ctx_train));
   Session full(*model, a.m.session_options());
   Session pressed(*model, a.m.session_options());
 
@@ -43,10 +43,16 @@ int run_faithfulness(FaithArgs a) {
   progress.finish();
 
   const bool has_t = a.press.threshold_opt->count() > 0;
+  const char* kind = "none";
+  double setting = 0;
+  if (press) {
+    kind = has_t ? "threshold" : "ratio";
+    setting = has_t ? a.press.threshold : a.press.ratio;
+  }
   nlohmann::json j{{"press", press ? a.press.name : "none"},
                    {"press_description", press ? press->name() : "full cache"},
-                   {"setting_kind", !press ? "none" : has_t ? "threshold" : "ratio"},
-                   {"setting", !press ? 0.0 : has_t ? a.press.threshold : a.press.ratio},
+                   {"setting_kind", kind},
+                   {"setting", setting},
                    {"decoding", a.press.decoding},
                    {"file", a.file},
                    {"text_tokens", ids.size()},
@@ -77,26 +83,26 @@ int run_faithfulness(FaithArgs a) {
   return 0;
 }
 
-RegisterCommand reg("faithfulness", "teacher-forced agreement of a pressed cache with the full cache on a text",
-                    [](CLI::App& sub) {
-                      auto a = std::make_shared<FaithArgs>();
-                      a->m.add_to(sub);
-                      a->press.add_to(sub);
-                      sub.add_option("-f,--file", a->file, "held-out text (not training text)")->required();
-                      sub.add_flag("--decoding", a->decoding_alias, "same as --decode-press: prune the continuation too");
-                      sub.add_option("--context-tokens", a->opt.context_tokens, "tokens prefilled (and compressed) per window")
-                          ->check(CLI::Range((int64_t)1, (int64_t)1 << 22));
-                      sub.add_option("--window-tokens", a->opt.window_tokens, "teacher-forced positions scored per window")
-                          ->check(CLI::Range((int64_t)1, (int64_t)1 << 22));
-                      sub.add_option("--windows", a->opt.windows, "consecutive windows of the text to score")
-                          ->check(CLI::Range((int64_t)1, (int64_t)1 << 20));
-                      sub.add_option("--out", a->out, "also write the JSON to this file");
-                      sub.add_flag("-q,--quiet", a->quiet, "no progress on stderr");
-                      return [a, &sub]() {
-                        a->scope_given = sub.get_option("--ratio-scope")->count() > 0;
-                        return run_faithfulness(*a);
-                      };
-                    });
+RegisterCommand reg(
+    "faithfulness", "teacher-forced agreement of a pressed cache with the full cache on a text", [](CLI::App& sub) {
+      auto a = std::make_shared<FaithArgs>();
+      a->m.add_to(sub);
+      a->press.add_to(sub);
+      sub.add_option("-f,--file", a->file, "held-out text (not training text)")->required();
+      sub.add_flag("--decoding", a->decoding_alias, "same as --decode-press: prune the continuation too");
+      sub.add_option("--context-tokens", a->opt.context_tokens, "tokens prefilled (and compressed) per window")
+          ->check(CLI::Range((int64_t)1, (int64_t)1 << 22));
+      sub.add_option("--window-tokens", a->opt.window_tokens, "teacher-forced positions scored per window")
+          ->check(CLI::Range((int64_t)1, (int64_t)1 << 22));
+      sub.add_option("--windows", a->opt.windows, "consecutive windows of the text to score")
+          ->check(CLI::Range((int64_t)1, (int64_t)1 << 20));
+      sub.add_option("--out", a->out, "also write the JSON to this file");
+      sub.add_flag("-q,--quiet", a->quiet, "no progress on stderr");
+      return [a, &sub]() {
+        a->scope_given = sub.get_option("--ratio-scope")->count() > 0;
+        return run_faithfulness(*a);
+      };
+    });
 
 }  // namespace
 }  // namespace kvzap::cli

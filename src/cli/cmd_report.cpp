@@ -53,7 +53,8 @@ int run_report(const ReportArgs& a) {
         rows.push_back(r);
       }
   if (rows.empty()) throw Error("no result rows in the inputs");
-  if (dropped > 0) std::fprintf(stderr, "note: %d duplicate rows (same press, setting and task) kept only once\n", dropped);
+  if (dropped > 0)
+    std::fprintf(stderr, "note: %d duplicate rows (same press, setting and task) kept only once\n", dropped);
   std::error_code ec;
   fs::create_directories(a.out, ec);
   if (ec) throw Error(a.out + ": cannot create folder: " + ec.message());
@@ -65,14 +66,14 @@ int run_report(const ReportArgs& a) {
   return 0;
 }
 
-RegisterCommand reg("report", "leaderboard markdown and score-vs-eviction SVG plots from eval/sweep results",
-                    [](CLI::App& sub) {
-                      auto a = std::make_shared<ReportArgs>();
-                      sub.add_option("inputs", a->inputs, "result folders or files (.csv, .json, .jsonl)")->required();
-                      sub.add_option("--out", a->out, "output folder (leaderboard.md, results.csv, plots/*.svg)")->required();
-                      sub.add_option("--title", a->title, "title of the leaderboard and plots");
-                      return [a]() { return run_report(*a); };
-                    });
+RegisterCommand reg(
+    "report", "leaderboard markdown and score-vs-eviction SVG plots from eval/sweep results", [](CLI::App& sub) {
+      auto a = std::make_shared<ReportArgs>();
+      sub.add_option("inputs", a->inputs, "result folders or files (.csv, .json, .jsonl)")->required();
+      sub.add_option("--out", a->out, "output folder (leaderboard.md, results.csv, plots/*.svg)")->required();
+      sub.add_option("--title", a->title, "title of the leaderboard and plots");
+      return [a]() { return run_report(*a); };
+    });
 
 }  // namespace
 }  // namespace kvzap::cli

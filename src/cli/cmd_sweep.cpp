@@ -42,9 +42,13 @@ int run_sweep(SweepArgs a) {
   }
 
   auto model = a.m.load_model();
+  for (const PressOptions& c : cells)  // fail on bad options (a missing surrogate...) before running anything
+    if (!c.name.empty()) make_press(c, *model);
   // A sample for length N fits N tokens with its answer; KVzip scoring also feeds a repeat of the
   // context, so leave room for twice that (within what the session accepts).
-  if (a.m.ctx == 0) a.m.ctx = std::max<int64_t>(a.length, std::min<int64_t>(2 * a.length + 256, 4 * (int64_t)model->config().n_ctx_train));
+  if (a.m.ctx == 0)
+    a.m.ctx =
+        std::max<int64_t>(a.length, std::min<int64_t>(2 * a.length + 256, 4 * (int64_t)model->config().n_ctx_train));
   Session session(*model, a.m.session_options());
   const eval::PromptBuilder prompts(model->tokenizer());
   eval::SuiteOptions so;
@@ -54,7 +58,9 @@ int run_sweep(SweepArgs a) {
   so.first_index = a.first_index;
   so.seed = a.seed;
   so.count_tokens = prompts.counter();
-  if (!a.quiet) std::fprintf(stderr, "generating the suite (length %lld, %lld samples per task)...\n", (long long)a.length, (long long)a.samples);
+  if (!a.quiet)
+    std::fprintf(stderr, "generating the suite (length %lld, %lld samples per task)...\n", (long long)a.length,
+                 (long long)a.samples);
   const std::vector<eval::Sample> samples = eval::generate_suite(so);
   const eval::EvalSetup setup{*model, session, prompts, samples,
                               eval::suite_description(so, samples, model->config().name)};
@@ -79,7 +85,9 @@ RegisterCommand reg("sweep", "run the suite over a grid of presses and settings 
                  "name:threshold")
       ->required()
       ->delimiter(',');
-  sub.add_option("--ratios", a->ratios, "comma-separated compression ratios")->delimiter(',')->check(CLI::Range(0.0, 0.999999));
+  sub.add_option("--ratios", a->ratios, "comma-separated compression ratios")
+      ->delimiter(',')
+      ->check(CLI::Range(0.0, 0.999999));
   sub.add_option("--thresholds", a->thresholds, "comma-separated thresholds (threshold presses)")->delimiter(',');
   sub.add_option("--length", a->length, "target prompt length in model tokens")
       ->required()
@@ -90,7 +98,8 @@ RegisterCommand reg("sweep", "run the suite over a grid of presses and settings 
   sub.add_option("--tasks", a->tasks, "comma-separated task names (default: all 13)")->delimiter(',');
   sub.add_option("--seed", a->seed, "suite seed");
   sub.add_option("--out", a->out, "output folder: one subfolder per cell and results.csv")->required();
-  sub.add_option("--window", a->window, "threshold presses never judge the most recent W tokens")->check(CLI::Range(0, 1 << 20));
+  sub.add_option("--window", a->window, "threshold presses never judge the most recent W tokens")
+      ->check(CLI::Range(0, 1 << 20));
   sub.add_option("--ratio-scope", a->scope,
                  "ratio budget: kvpress (each press as kvpress splits it: per head, KVzip global), global, layer, "
                  "head or adakv")

@@ -16,10 +16,10 @@ namespace kvzap::eval {
 
 // One position: the two distributions over the vocabulary given as logits.
 struct PositionComparison {
-  double kl = 0;          // KL(full || pressed) in nats, >= 0
-  bool same_top1 = true;  // argmax agrees (ties: lowest id)
-  double nll_full = 0;    // -log p_full(next)
-  double nll_pressed = 0; // -log p_pressed(next)
+  double kl = 0;           // KL(full || pressed) in nats, >= 0
+  bool same_top1 = true;   // argmax agrees (ties: lowest id)
+  double nll_full = 0;     // -log p_full(next)
+  double nll_pressed = 0;  // -log p_pressed(next)
 };
 // Softmax in double precision. logits: [n_vocab] each.
 PositionComparison compare_logits(const float* full, const float* pressed, int64_t n_vocab, int32_t next);
@@ -32,15 +32,15 @@ struct FaithfulnessOptions {
 
 struct FaithfulnessResult {
   int64_t windows = 0, positions = 0;
-  double mean_kl = 0, max_kl = 0;    // nats
-  double top1_agreement = 0;         // percent of positions, 0..100
-  double nll_full = 0, nll_pressed = 0;  // mean over positions
-  double nll_diff = 0;               // nll_pressed - nll_full
-  double ppl_ratio = 1;              // exp(nll_diff)
-  double evicted_fraction = 0;       // after compressing the context, mean over windows
-  double evicted_fraction_end = 0;   // after the continuation, mean over windows
+  double mean_kl = 0, max_kl = 0;          // nats
+  double top1_agreement = 0;               // percent of positions, 0..100
+  double nll_full = 0, nll_pressed = 0;    // mean over positions
+  double nll_diff = 0;                     // nll_pressed - nll_full
+  double ppl_ratio = 1;                    // exp(nll_diff)
+  double evicted_fraction = 0;             // after compressing the context, mean over windows
+  double evicted_fraction_end = 0;         // after the continuation, mean over windows
   double kv_bytes = 0, kv_bytes_full = 0;  // after the continuation, mean over windows
-  std::vector<double> kl_by_window;  // mean KL of each window
+  std::vector<double> kl_by_window;        // mean KL of each window
   double seconds = 0;
 };
 

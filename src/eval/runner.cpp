@@ -130,7 +130,8 @@ nlohmann::json outcome_to_json(const SampleOutcome& o) {
           {"stop_reason", o.stop_reason},
           {"context_reused", o.context_reused},
           {"depths", o.depths},
-          {"timings", {{"context_s", o.context_seconds}, {"question_s", o.question_seconds}, {"decode_s", o.decode_seconds}}}};
+          {"timings",
+           {{"context_s", o.context_seconds}, {"question_s", o.question_seconds}, {"decode_s", o.decode_seconds}}}};
 }
 
 SampleOutcome outcome_from_json(const nlohmann::json& j) {
@@ -331,7 +332,10 @@ CellResult run_cell(const EvalSetup& setup, const PressOptions* press_opt, const
   for (const SampleResult& r : results) evicted += r.evicted_fraction;
   nlohmann::json tasks = nlohmann::json::array();
   for (const TaskScore& t : cell.tasks)
-    tasks.push_back({{"task", t.task}, {"n", t.n}, {"score", t.score}, {"stderr", t.stderr_score},
+    tasks.push_back({{"task", t.task},
+                     {"n", t.n},
+                     {"score", t.score},
+                     {"stderr", t.stderr_score},
                      {"evicted_fraction", t.evicted_fraction}});
   nlohmann::json& s = cell.summary;
   s["press"] = press_label(p);
@@ -339,8 +343,11 @@ CellResult run_cell(const EvalSetup& setup, const PressOptions* press_opt, const
   s["setting_kind"] = setting_kind(p);
   s["setting"] = setting_value(p);
   if (p) {
-    s["press_options"] = {{"window", p->window}, {"ratio_scope", p->ratio_scope}, {"decoding", p->decoding},
-                          {"seed", p->seed}, {"surrogate", p->surrogate_dir}};
+    s["press_options"] = {{"window", p->window},
+                          {"ratio_scope", p->ratio_scope},
+                          {"decoding", p->decoding},
+                          {"seed", p->seed},
+                          {"surrogate", p->surrogate_dir}};
   }
   s["suite"] = setup.suite;
   s["n_samples"] = cell.outcomes.size();
@@ -400,7 +407,7 @@ std::vector<PressOptions> plan_sweep(const std::vector<std::string>& presses, co
       o.threshold = by_threshold ? v : 0;
       o.ratio = by_threshold ? 0 : v;
       o.ratio_scope = scope == "kvpress" ? kvpress_ratio_scope(name) : scope;
-      parse_ratio_scope(o.ratio_scope);  // fail on a typo before anything runs
+      parse_ratio_scope(o.ratio_scope);       // fail on a typo before anything runs
       if (!by_threshold) o.decoding = false;  // decoding-time pruning is the threshold policy's
       const std::string dir = cell_dir_name(&o);
       bool dup = false;
@@ -426,7 +433,8 @@ SweepResult run_sweep(const EvalSetup& setup, const std::vector<PressOptions>& c
     if (!cell_finished(dir.string())) continue;
     const nlohmann::json summary = read_json_file((dir / "summary.json").string());
     if (!summary.contains("suite") || summary["suite"] != setup.suite)
-      throw Error(dir.string() + " was finished with a different suite (length, samples, seed, tasks or data); "
+      throw Error(dir.string() +
+                  " was finished with a different suite (length, samples, seed, tasks or data); "
                   "use another --out folder or delete it");
     done[c] = true;
     n_done++;

@@ -5,10 +5,9 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/progress.h"
 #include "engine/session.h"

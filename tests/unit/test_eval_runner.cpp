@@ -1,6 +1,7 @@
 // The suite runner (kvpress protocol on the real default model), cell output files, the resumable
 // sweep, and the teacher-forced faithfulness measure.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -8,8 +9,6 @@
 #include <fstream>
 #include <memory>
 #include <sstream>
-
-#include <unistd.h>
 
 #include "engine/session.h"
 #include "eval/faithfulness.h"
@@ -39,14 +38,16 @@ const Model& model() {
     if (!fs::exists(path)) return std::unique_ptr<Model>();
     return Model::load(path);
   }();
-  if (!m) throw std::runtime_error("default model not found at " + find_model() + ": run `kvzap pull` (or set KVZAP_MODEL)");
+  if (!m)
+    throw std::runtime_error("default model not found at " + find_model() + ": run `kvzap pull` (or set KVZAP_MODEL)");
   return *m;
 }
 
 class TempDir {
  public:
   TempDir() {
-    path_ = fs::temp_directory_path() / ("kvzap_eval_runner_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
+    path_ = fs::temp_directory_path() /
+            ("kvzap_eval_runner_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
     fs::remove_all(path_);
     fs::create_directories(path_);
   }
@@ -114,7 +115,8 @@ TEST(EvalRunner, PromptSplitMatchesTheSuiteCounter) {
     // The counter the suite is generated with is the generator's own one, and it counts exactly
     // the tokens the runner feeds (empty answer prefix).
     EXPECT_EQ(prompts.counter()(s.context, s.question), reference(s.context, s.question)) << s.task;
-    EXPECT_EQ(fed_ctx + (int64_t)prompts.question_ids(s.question, "").size(), reference(s.context, s.question)) << s.task;
+    EXPECT_EQ(fed_ctx + (int64_t)prompts.question_ids(s.question, "").size(), reference(s.context, s.question))
+        << s.task;
     // Everything fed plus the answer budget stays within the target length.
     const int64_t fed = fed_ctx + (int64_t)prompts.question_ids(s.question, s.answer_prefix).size();
     EXPECT_LE(fed + s.max_new_tokens, t.opt.length) << s.task;
