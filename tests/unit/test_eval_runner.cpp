@@ -15,6 +15,7 @@
 #include "eval/runner.h"
 #include "kvzap/error.h"
 #include "model/model.h"
+#include "test_support.h"
 
 using namespace kvzap;
 using namespace kvzap::eval;
@@ -23,12 +24,7 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string find_model() {
-  if (const char* m = getenv("KVZAP_MODEL"); m && *m) return m;
-  const std::string name = "/SmolLM2-135M-Instruct.Q4_1.gguf";
-  if (const char* d = getenv("KVZAP_MODELS"); d && *d) return d + name;
-  if (const char* x = getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/kvzap/models" + name;
-  const char* home = getenv("HOME");
-  return std::string(home ? home : "") + "/.cache/kvzap/models" + name;
+  return kvzap::test::default_model_path();
 }
 
 // One model for the whole file: loading it per test would dominate the run time.

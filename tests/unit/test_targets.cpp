@@ -25,6 +25,7 @@
 #include "press/kvzip_math.h"
 #include "train/dataset.h"
 #include "train/targets.h"
+#include "test_support.h"
 
 namespace fs = std::filesystem;
 using namespace kvzap;
@@ -32,12 +33,7 @@ using namespace kvzap;
 namespace {
 
 std::string find_model() {
-  if (const char* m = getenv("KVZAP_MODEL"); m && *m) return m;
-  const std::string name = "/SmolLM2-135M-Instruct.Q4_1.gguf";
-  if (const char* d = getenv("KVZAP_MODELS"); d && *d) return d + name;
-  if (const char* x = getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/kvzap/models" + name;
-  const char* home = getenv("HOME");
-  return std::string(home ? home : "") + "/.cache/kvzap/models" + name;
+  return kvzap::test::default_model_path();
 }
 
 fs::path temp_dir(const std::string& name) {
