@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "cli/cli_common.h"
+#include "cli/eval_common.h"
 #include "eval/runner.h"
 
 namespace kvzap::cli {
@@ -60,25 +61,11 @@ int run_eval(EvalArgs a) {
   const std::optional<PressOptions> press = press_options(a.press, a.scope_given);
   auto model = a.m.load_model();
   if (press) make_press(*press, *model);  // fail on bad press options before generating the suite
-  // A sample for length N fits N tokens with its answer; KVzip scoring also feeds a repeat of the
-  // context, so leave room for twice that (within what the session accepts).
-  if (a.m.ctx == 0)
-    a.m.ctx =
-        std::max<int64_t>(a.length, std::min<int64_t>(2 * a.length + 256, 4 * (int64_t)model->config().n_ctx_train));
+  if (a.m.ctx == 0) a.m.ctx = eval_context_size(a.length, *model);
   Session session(*model, a.m.session_options());
   const eval::PromptBuilder prompts(model->tokenizer());
-
   eval::SuiteOptions so;
-  so.tasks = a.tasks;
-  so.length = a.length;
-  so.samples_per_task = a.samples;
-  so.first_index = a.first_index;
-  so.seed = a.seed;
-  so.count_tokens = prompts.counter();
-  if (!a.quiet)
-    std::fprintf(stderr, "generating the suite (length %lld, %lld samples per task)...\n", (long long)a.length,
-                 (long long)a.samples);
-  const std::vector<eval::Sample> samples = eval::generate_suite(so);
+  const std::vector<eval::Sample> samples = generate_eval_suite(a, prompts, so);
 
   const eval::EvalSetup setup{*model, session, prompts, samples,
                               eval::suite_description(so, samples, model->config().name)};

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "cli/cli_common.h"
+#include "cli/eval_common.h"
 #include "eval/runner.h"
 
 namespace kvzap::cli {
@@ -44,24 +45,11 @@ int run_sweep(SweepArgs a) {
   auto model = a.m.load_model();
   for (const PressOptions& c : cells)  // fail on bad options (a missing surrogate...) before running anything
     if (!c.name.empty()) make_press(c, *model);
-  // A sample for length N fits N tokens with its answer; KVzip scoring also feeds a repeat of the
-  // context, so leave room for twice that (within what the session accepts).
-  if (a.m.ctx == 0)
-    a.m.ctx =
-        std::max<int64_t>(a.length, std::min<int64_t>(2 * a.length + 256, 4 * (int64_t)model->config().n_ctx_train));
+  if (a.m.ctx == 0) a.m.ctx = eval_context_size(a.length, *model);
   Session session(*model, a.m.session_options());
   const eval::PromptBuilder prompts(model->tokenizer());
   eval::SuiteOptions so;
-  so.tasks = a.tasks;
-  so.length = a.length;
-  so.samples_per_task = a.samples;
-  so.first_index = a.first_index;
-  so.seed = a.seed;
-  so.count_tokens = prompts.counter();
-  if (!a.quiet)
-    std::fprintf(stderr, "generating the suite (length %lld, %lld samples per task)...\n", (long long)a.length,
-                 (long long)a.samples);
-  const std::vector<eval::Sample> samples = eval::generate_suite(so);
+  const std::vector<eval::Sample> samples = generate_eval_suite(a, prompts, so);
   const eval::EvalSetup setup{*model, session, prompts, samples,
                               eval::suite_description(so, samples, model->config().name)};
   if (!a.quiet)
