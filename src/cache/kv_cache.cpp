@@ -1,5 +1,6 @@
 #include "cache/kv_cache.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -10,49 +11,95 @@
 
 namespace kvzap {
 
-KvCache::KvCache(int n_layer, int n_head_kv, int head_dim)
-    : n_layer_(n_layer), n_head_kv_(n_head_kv), head_dim_(head_dim) {
+int64_t KvCache::page_bytes_for(int head_dim) {
+  return (int64_t)(2 * (size_t)kPageTokens * head_dim * sizeof(uint16_t) + kPageTokens * sizeof(int32_t));
+}
+
+KvCache::KvCache(int n_layer, int n_head_kv, int head_dim, PagePool* pool)
+    : n_layer_(n_layer), n_head_kv_(n_head_kv), head_dim_(head_dim), pool_(pool) {
   kv_page_half_ = (size_t)kPageTokens * head_dim * sizeof(uint16_t);
-  page_bytes_ = (int64_t)(2 * kv_page_half_ + kPageTokens * sizeof(int32_t));
+  page_bytes_ = page_bytes_for(head_dim);
+  if (!pool_) {
+    own_pool_ = std::make_unique<PagePool>(page_bytes_, 0);
+    pool_ = own_pool_.get();
+  }
+  if (pool_->page_bytes() != page_bytes_) throw Error("internal: the page pool's page size does not match the cache");
   streams_.resize((size_t)n_layer * n_head_kv);
 }
 
-KvCache::~KvCache() {
-  clear();
-  release_pool();
-}
+KvCache::~KvCache() { clear(); }
 
-uint8_t* KvCache::take_page() {
-  uint8_t* p;
-  if (!pool_.empty()) {
-    p = pool_.back();
-    pool_.pop_back();
-  } else {
-    p = (uint8_t*)std::aligned_alloc(64, (size_t)((page_bytes_ + 63) / 64 * 64));
-    if (!p) throw std::bad_alloc();
-  }
+uint8_t* KvCache::take_page(bool forced) {
+  uint8_t* p = forced ? pool_->take_forced() : pool_->take();
+  if (!p)
+    throw KvBudgetExceeded("KV memory budget exhausted (" + std::to_string(pool_->bytes_in_use()) + " of " +
+                           std::to_string(pool_->budget_bytes()) + " bytes in use)");
   pages_live_++;
   return p;
 }
 
 void KvCache::give_page(uint8_t* page) {
-  pool_.push_back(page);
+  pool_->unref(page);
   pages_live_--;
 }
 
-void KvCache::release_pool() {
-  for (uint8_t* p : pool_) std::free(p);
-  pool_.clear();
-  pool_.shrink_to_fit();
+void KvCache::release_pool() { pool_->trim(); }
+
+void KvCache::make_exclusive(Stream& s, size_t p, bool forced) {
+  uint8_t* page = s.pages[p];
+  if (pool_->refcount(page) == 1) return;
+  uint8_t* copy = take_page(forced);
+  std::memcpy(copy, page, (size_t)page_bytes_);
+  give_page(page);
+  s.pages[p] = copy;
+}
+
+void KvCache::share_from(const KvCache& src) {
+  if (src.n_layer_ != n_layer_ || src.n_head_kv_ != n_head_kv_ || src.head_dim_ != head_dim_ || src.pool_ != pool_)
+    throw Error("internal: share_from needs a cache of the same shape and pool");
+  if (&src == this) return;
+  clear();
+  for (size_t i = 0; i < streams_.size(); i++) {
+    streams_[i].pages = src.streams_[i].pages;
+    streams_[i].length = src.streams_[i].length;
+    for (uint8_t* p : streams_[i].pages) pool_->ref(p);
+    pages_live_ += (int64_t)streams_[i].pages.size();
+  }
+  n_past_ = src.n_past_;
+}
+
+int64_t KvCache::pages_needed(int64_t n_new) const {
+  if (n_new <= 0) return 0;
+  int64_t pages = 0;
+  for (const Stream& s : streams_) {
+    const int64_t slot = s.length % kPageTokens;
+    const int64_t room = slot == 0 ? 0 : kPageTokens - slot;  // free slots in the last page
+    if (room > 0 && pool_->refcount(s.pages.back()) > 1) pages++;  // copy-on-write of the shared last page
+    if (n_new > room) pages += (n_new - room + kPageTokens - 1) / kPageTokens;
+  }
+  return pages;
 }
 
 void KvCache::append(int layer, int head, const float* k, const float* v, int32_t pos) {
   Stream& s = stream(layer, head);
   const int64_t slot = s.length % kPageTokens;
-  if (slot == 0) s.pages.push_back(take_page());
+  if (slot == 0) s.pages.push_back(take_page(false));
+  else make_exclusive(s, s.pages.size() - 1, false);
   uint8_t* page = s.pages.back();
   f32_to_f16_row(k, keys_of(page) + slot * head_dim_, head_dim_);
   f32_to_f16_row(v, values_of(page) + slot * head_dim_, head_dim_);
+  positions_of(page)[slot] = pos;
+  s.length++;
+}
+
+void KvCache::append_f16(int layer, int head, const uint16_t* k, const uint16_t* v, int32_t pos) {
+  Stream& s = stream(layer, head);
+  const int64_t slot = s.length % kPageTokens;
+  if (slot == 0) s.pages.push_back(take_page(false));
+  else make_exclusive(s, s.pages.size() - 1, false);
+  uint8_t* page = s.pages.back();
+  std::memcpy(keys_of(page) + slot * head_dim_, k, (size_t)head_dim_ * sizeof(uint16_t));
+  std::memcpy(values_of(page) + slot * head_dim_, v, (size_t)head_dim_ * sizeof(uint16_t));
   positions_of(page)[slot] = pos;
   s.length++;
 }
@@ -86,9 +133,18 @@ int32_t KvCache::position_at(int layer, int head, int64_t i) const {
 int64_t KvCache::evict(int layer, int head, const std::vector<uint8_t>& drop) {
   Stream& s = stream(layer, head);
   if ((int64_t)drop.size() < s.length) throw Error("internal: eviction mask shorter than the stream");
-  int64_t w = 0;
+  // Pages before the first dropped slot are not written; the ones after it are compacted into, so a
+  // page shared with a fork is copied first (forced: eviction must not fail halfway).
+  int64_t first = 0;
+  while (first < s.length && !drop[first]) first++;
+  if (first == s.length) return 0;
+  // Only pages that keep entries after compaction are written; the tail is unreferenced below.
+  const int64_t kept = first + (int64_t)std::count(drop.begin() + first, drop.begin() + s.length, (uint8_t)0);
+  for (size_t p = (size_t)(first / kPageTokens); p < s.pages.size() && (int64_t)p * kPageTokens < kept; p++)
+    make_exclusive(s, p, true);
+  int64_t w = first;
   const size_t row = (size_t)head_dim_ * sizeof(uint16_t);
-  for (int64_t r = 0; r < s.length; r++) {
+  for (int64_t r = first; r < s.length; r++) {
     if (drop[r]) continue;
     if (w != r) {
       uint8_t* src = s.pages[r / kPageTokens];
@@ -136,7 +192,17 @@ void KvCache::clear() {
 }
 
 int64_t KvCache::bytes_resident() const { return pages_live_ * page_bytes_; }
-int64_t KvCache::bytes_allocated() const { return (pages_live_ + (int64_t)pool_.size()) * page_bytes_; }
+
+int64_t KvCache::bytes_exclusive() const {
+  int64_t n = 0;
+  for (const Stream& s : streams_)
+    for (const uint8_t* p : s.pages) n += pool_->refcount(p) == 1;
+  return n * page_bytes_;
+}
+
+int64_t KvCache::bytes_allocated() const {
+  return (own_pool_ ? pages_live_ : pool_->pages_in_use()) * page_bytes_ + pool_->pages_free_listed() * page_bytes_;
+}
 
 int64_t KvCache::bytes_full() const {
   // An unpruned cache holds every position in every stream: n_past entries, rounded up to pages.

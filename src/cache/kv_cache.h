@@ -1,13 +1,21 @@
-// KV cache with one variable-length stream per (layer, KV head).
+// One sequence's KV cache: a variable-length stream per (layer, KV head).
 //
-// Each stream stores its kept entries in fixed-size pages taken from a shared pool: keys after RoPE and
-// values as f16, plus each entry's original position. Entries stay sorted by position. Evicting entries
-// compacts the stream in place and returns emptied pages to the pool, so evicted entries really stop
-// costing memory and attention time — nothing is masked. Keys are never re-rotated.
+// Each stream stores its kept entries in fixed-size pages taken from a PagePool (shared by every
+// sequence of an engine, or private to this cache): keys after RoPE and values as f16, plus each
+// entry's original position. Entries stay sorted by position. Evicting entries compacts the stream and
+// returns emptied pages to the pool, so evicted entries really stop costing memory and attention time —
+// nothing is masked. Keys are never re-rotated.
+//
+// Copy-on-write: share_from() makes this cache hold the same pages as another (reference counts); a
+// shared page is copied only when this cache writes into it (an append into a partly filled page, or
+// the compaction of an eviction), so the other cache never sees the change.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
+
+#include "cache/page_pool.h"
 
 namespace kvzap {
 
@@ -16,8 +24,19 @@ class KvCache {
   // Small pages keep the rounding waste per stream low (<= 15 entries), so resident bytes track kept entries.
   static constexpr int kPageTokens = 16;
 
-  KvCache(int n_layer, int n_head_kv, int head_dim);
+  // pool: the shared page pool (must outlive the cache); null = a private pool without a budget.
+  KvCache(int n_layer, int n_head_kv, int head_dim, PagePool* pool = nullptr);
   ~KvCache();
+  // Bytes of one page for a head size: keys [P][D] f16 | values [P][D] f16 | positions [P] i32.
+  static int64_t page_bytes_for(int head_dim);
+  PagePool& pool() { return *pool_; }
+  const PagePool& pool() const { return *pool_; }
+
+  // Drops this cache's entries and shares every page of `src` (same shape and pool), copy-on-write.
+  void share_from(const KvCache& src);
+  // Pages the pool must hand out to append n_new entries to every stream (new pages, plus copies of
+  // shared partly filled last pages).
+  int64_t pages_needed(int64_t n_new) const;
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
 
@@ -26,7 +45,10 @@ class KvCache {
   int head_dim() const { return head_dim_; }
 
   // Appends one entry to stream (layer, head); k and v are [head_dim] f32, stored as f16.
+  // Throws KvBudgetExceeded if the pool's budget has no page left.
   void append(int layer, int head, const float* k, const float* v, int32_t pos);
+  // The same with f16 keys and values (restoring a saved cache).
+  void append_f16(int layer, int head, const uint16_t* k, const uint16_t* v, int32_t pos);
   // Appends n entries of every KV head of a layer: k, v are [n][n_head_kv][head_dim], positions [n].
   void append_layer(int layer, int64_t n, const float* k, const float* v, const int32_t* pos);
 
@@ -54,17 +76,19 @@ class KvCache {
   int64_t n_past() const { return n_past_; }
   void set_n_past(int64_t n) { n_past_ = n; }
 
-  // Accounting. Resident bytes count the pages held by streams (what the allocator handed out to
-  // live entries' pages); full bytes are what an unpruned f16 cache would hold for n_past tokens.
+  // Accounting. Resident bytes count the pages this cache's streams hold (a page shared with a fork is
+  // counted by both; the pool counts it once); exclusive bytes only the pages no other cache holds.
+  // Full bytes are what an unpruned f16 cache would hold for n_past tokens.
   int64_t bytes_resident() const;
-  int64_t bytes_allocated() const;   // resident + pooled pages not returned to the system
+  int64_t bytes_exclusive() const;
+  int64_t bytes_allocated() const;   // the pool's pages in use + free-listed (a private pool: this cache's)
   int64_t bytes_full() const;
   int64_t entries_kept() const;
   int64_t entries_kept(int layer) const;
   // kvpress's definition: mean over layers of evicted / (n_head_kv * n_past).
   double evicted_fraction() const;
   int64_t page_bytes() const { return page_bytes_; }
-  // Returns pooled pages to the system (called after large evictions).
+  // Returns the pool's free-listed pages to the system (called after large evictions).
   void release_pool();
 
  private:
@@ -74,8 +98,10 @@ class KvCache {
   };
   const Stream& stream(int layer, int head) const { return streams_[(size_t)layer * n_head_kv_ + head]; }
   Stream& stream(int layer, int head) { return streams_[(size_t)layer * n_head_kv_ + head]; }
-  uint8_t* take_page();
+  uint8_t* take_page(bool forced);
   void give_page(uint8_t* page);
+  // Makes page p of stream s exclusive to this cache (copies it if shared).
+  void make_exclusive(Stream& s, size_t p, bool forced);
   uint16_t* keys_of(uint8_t* page) const { return (uint16_t*)page; }
   uint16_t* values_of(uint8_t* page) const { return (uint16_t*)(page + kv_page_half_); }
   int32_t* positions_of(uint8_t* page) const { return (int32_t*)(page + 2 * kv_page_half_); }
@@ -84,8 +110,9 @@ class KvCache {
   size_t kv_page_half_;  // bytes of the keys (= values) part of a page
   int64_t page_bytes_;
   std::vector<Stream> streams_;  // [n_layer][n_head_kv]
-  std::vector<uint8_t*> pool_;
-  int64_t pages_live_ = 0;
+  std::unique_ptr<PagePool> own_pool_;  // when no shared pool was given
+  PagePool* pool_;
+  int64_t pages_live_ = 0;  // page references held by this cache's streams
   int64_t n_past_ = 0;
 };
 

@@ -28,8 +28,9 @@ int run_chat(const ChatArgs& a) {
   if (press && !press->prunes_decoding())
     throw Error("chat needs a press that prunes while decoding: use a threshold press with --decode-press");
   Session session(*model, a.m.session_options());
-  session.set_observer(press.get());
-  if (press) press->begin_context(session);
+  // The whole conversation is one open context: the press judges every token (it prunes while decoding).
+  session.sequence().attach_press(press.get());
+  session.sequence().begin_context();
   GenerateOptions g;
   g.max_new_tokens = a.n;
   g.sampling = {a.temp, a.top_k, a.top_p, a.min_p, a.seed};
@@ -47,7 +48,7 @@ int run_chat(const ChatArgs& a) {
       history.resize(a.system.empty() ? 0 : 1);
       fed.clear();
       session.reset();
-      if (press) press->begin_context(session);
+      session.sequence().begin_context();
       continue;
     }
     size_t bad = 0;

@@ -50,7 +50,8 @@ int run_score(const ScoreArgs& a) {
   session.feed(ids);
   const auto t1 = std::chrono::steady_clock::now();
   CacheScores scores;
-  ContextView view{session, ids, ""};
+  const std::string no_question;
+  ContextView view{session.cache(), session.engine(), ids, no_question};
   scorer.score_context(view, scores);
   const auto t2 = std::chrono::steady_clock::now();
 

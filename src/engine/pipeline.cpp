@@ -31,22 +31,31 @@ QaResult answer_questions(Session& s, Press* press, const ContextPrompt& p, cons
   const auto t0 = std::chrono::steady_clock::now();
   s.prefill_context(p.context_ids, press);
   r.context_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.evicted_fraction = s.cache().evicted_fraction();
-  r.kv_bytes = s.cache().bytes_resident();
-  r.kv_bytes_full = s.cache().bytes_full();
   const KvCache& c = s.cache();
+  r.evicted_fraction = c.evicted_fraction();
+  r.kv_bytes = c.bytes_resident();
+  r.kv_bytes_full = c.bytes_full();
   r.kv_lengths.assign((size_t)c.n_layer(), std::vector<int64_t>((size_t)c.n_head_kv()));
   for (int l = 0; l < c.n_layer(); l++)
     for (int h = 0; h < c.n_head_kv(); h++) r.kv_lengths[l][h] = c.length(l, h);
+  // One copy-on-write fork of the compressed context per question: pruning while answering one
+  // question cannot change what the next one sees.
   for (size_t i = 0; i < p.question_ids.size(); i++) {
-    if (i > 0) s.rewind(r.n_context);  // drop the previous question and answer
+    std::unique_ptr<Sequence> fork = s.sequence().fork();
     std::function<bool(const std::string&)> cb;
     if (on_text) cb = [&, i](const std::string& piece) { return on_text(i, piece); };
-    r.answers.push_back(s.generate(p.question_ids[i], g, cb));
+    r.answers.push_back(Session::generate_on(*fork, p.question_ids[i], g, cb));
+    if (i + 1 == p.question_ids.size()) {
+      r.evicted_fraction_end = fork->cache().evicted_fraction();
+      r.kv_bytes_end = fork->cache().bytes_resident();
+      r.kv_bytes_full_end = fork->cache().bytes_full();
+    }
   }
-  r.evicted_fraction_end = s.cache().evicted_fraction();
-  r.kv_bytes_end = s.cache().bytes_resident();
-  r.kv_bytes_full_end = s.cache().bytes_full();
+  if (p.question_ids.empty()) {
+    r.evicted_fraction_end = r.evicted_fraction;
+    r.kv_bytes_end = r.kv_bytes;
+    r.kv_bytes_full_end = r.kv_bytes_full;
+  }
   return r;
 }
 

@@ -1,14 +1,12 @@
-// A conversation with one model: its KV cache, forward state, sampler and (optional) press.
+// One conversation on its own engine: the CLI's view of the many-sequence engine (engine/engine.h)
+// when only one sequence runs. Owns an Engine (thread pool, forward state, page pool) and one Sequence.
 #pragma once
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "cache/kv_cache.h"
-#include "engine/sampler.h"
-#include "model/forward.h"
-#include "press/press.h"
+#include "engine/engine.h"
 
 namespace kvzap {
 
@@ -16,6 +14,7 @@ struct SessionOptions {
   int n_threads = 0;      // 0 = physical cores
   int64_t n_ctx = 0;      // 0 = min(model's training context, 8192)
   int64_t n_batch = 0;    // tokens per forward step; 0 = n_ctx (a whole prompt is one step)
+  int64_t kv_budget_bytes = -1;  // KV page budget; -1 = unlimited (one sequence), 0 = the engine default
 };
 
 struct GenerateOptions {
@@ -40,40 +39,41 @@ class Session {
   Session(const Model& model, const SessionOptions& opt);
   ~Session();
 
-  const Model& model() const { return model_; }
-  KvCache& cache() { return *cache_; }
-  Forward& forward() { return *forward_; }
-  int64_t n_ctx() const { return n_ctx_; }
-  int n_threads() const { return pool_->size(); }
+  const Model& model() const { return engine_->model(); }
+  Engine& engine() { return *engine_; }
+  Sequence& sequence() { return *seq_; }
+  KvCache& cache() { return seq_->cache(); }
+  Forward& forward() { return engine_->forward(); }
+  int64_t n_ctx() const { return engine_->n_ctx(); }
+  int n_threads() const { return engine_->n_threads(); }
 
   // The observer (a press) sees every layer step of prefill and decode until changed.
-  void set_observer(LayerObserver* obs) { observer_ = obs; }
-  void reset();
+  void set_observer(LayerObserver* obs) { seq_->set_observer(obs); }
+  void reset() { seq_->reset(); }
   // Forgets every position >= pos (e.g. a question and its answer); logits() is stale until the next feed.
-  void rewind(int64_t pos) { cache_->truncate((int32_t)pos); }
+  void rewind(int64_t pos) { seq_->rewind(pos); }
 
   // kvpress pipeline: clears the cache, prefills a context under `press` (which evicts during or right
   // after it), then keeps the press watching later tokens only if it prunes while decoding.
-  // `question` is handed to query-aware scorers only.
+  // `question` is handed to query-aware scorers only. The caller keeps `press` alive.
   void prefill_context(const std::vector<int32_t>& ids, Press* press, const std::string& question = "");
 
   // Feeds tokens; afterwards logits() holds the distribution after the last one.
   void feed(const std::vector<int32_t>& ids);
-  const float* logits() const { return logits_.data(); }
+  const float* logits() const { return seq_->logits(); }
 
   // Prefills `prompt` (unless empty) and generates; on_text receives UTF-8-complete text pieces as
   // they are produced and returns false to stop.
   GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateOptions& opt,
                           const std::function<bool(const std::string&)>& on_text = nullptr);
 
+  // The same loop on any sequence of an engine (a fork, in the pipeline).
+  static GenerateResult generate_on(Sequence& seq, const std::vector<int32_t>& prompt, const GenerateOptions& opt,
+                                    const std::function<bool(const std::string&)>& on_text = nullptr);
+
  private:
-  const Model& model_;
-  int64_t n_ctx_;
-  std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<KvCache> cache_;
-  std::unique_ptr<Forward> forward_;
-  std::vector<float> logits_;  // [n_vocab]
-  LayerObserver* observer_ = nullptr;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Sequence> seq_;
 };
 
 }  // namespace kvzap

@@ -124,7 +124,7 @@ void ThreadPool::run_chunk(int64_t n, const Fn& fn) {
   }
 }
 
-void ThreadPool::parallel_for(int64_t n, const Fn& fn) {
+void ThreadPool::parallel_for(int64_t n, FnRef fn) {
   if (n <= 0) return;
   if (n_threads_ == 1 || n == 1) {
     for (int64_t i = 0; i < n; ++i) fn(i, 0);
@@ -137,20 +137,9 @@ void ThreadPool::parallel_for(int64_t n, const Fn& fn) {
   }
   for (int64_t base = 0; base < n; base += kMaxJob) {
     const int64_t count = std::min(kMaxJob, n - base);
-    const Fn shifted = [&fn, base](int64_t i, int tid) { fn(base + i, tid); };
-    run_chunk(count, shifted);
+    auto shifted = [&fn, base](int64_t i, int tid) { fn(base + i, tid); };
+    run_chunk(count, FnRef(shifted));
   }
-}
-
-void ThreadPool::parallel_ranges(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn) {
-  if (n <= 0) return;
-  struct Ranges {  // one captured pointer keeps the std::function inline (no allocation)
-    int64_t n, parts;
-    const std::function<void(int64_t, int64_t, int)>* fn;
-  } ranges{n, std::min<int64_t>(n_threads_, n), &fn};
-  parallel_for(ranges.parts, [r = &ranges](int64_t p, int tid) {
-    (*r->fn)(r->n * p / r->parts, r->n * (p + 1) / r->parts, tid);
-  });
 }
 
 int ThreadPool::default_threads() {

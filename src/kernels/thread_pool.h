@@ -1,6 +1,7 @@
 // Persistent worker pool: workers are created once and spin briefly, then sleep, between jobs.
 // parallel_for(n, fn) runs fn(i, thread_id) for i in [0, n) across the caller plus the workers
-// and returns when every index is done. No allocation per call. One job at a time: call it from one
+// and returns when every index is done. No allocation per call: fn is taken by reference (FnRef), never
+// copied into a std::function. One job at a time: call it from one
 // thread (the owner), never from inside fn. An exception thrown by fn is rethrown in the caller.
 // The caller never waits for a worker that has not claimed an index: a worker that wakes late (or is
 // descheduled on a busy machine) finds the job gone and does nothing.
@@ -8,13 +9,28 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <algorithm>
 #include <exception>
-#include <functional>
+#include <type_traits>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 namespace kvzap {
+
+// A non-owning reference to a callable void(int64_t, int): what parallel_for runs. Valid while the
+// callable lives (parallel_for returns before the temporary it was built from dies).
+class FnRef {
+ public:
+  template <class F>
+  FnRef(F&& f)  // NOLINT: implicit, so lambdas pass straight in
+      : obj_((void*)&f), call_([](void* o, int64_t i, int t) { (*static_cast<std::remove_reference_t<F>*>(o))(i, t); }) {}
+  void operator()(int64_t i, int tid) const { call_(obj_, i, tid); }
+
+ private:
+  void* obj_;
+  void (*call_)(void*, int64_t, int);
+};
 
 class ThreadPool {
  public:
@@ -25,14 +41,19 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
   // fn(index, thread_id); thread_id in [0, size()). Indices are handed out dynamically (atomic counter).
-  void parallel_for(int64_t n, const std::function<void(int64_t, int)>& fn);
+  void parallel_for(int64_t n, FnRef fn);
   // Convenience: split [0, n) into size() contiguous ranges: fn(begin, end, thread_id).
-  void parallel_ranges(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn);
+  template <class F>
+  void parallel_ranges(int64_t n, F&& fn) {
+    if (n <= 0) return;
+    const int64_t parts = std::min<int64_t>(n_threads_, n);
+    parallel_for(parts, [&](int64_t p, int tid) { fn(n * p / parts, n * (p + 1) / parts, tid); });
+  }
 
   static int default_threads();  // physical cores (falls back to hardware_concurrency)
 
  private:
-  using Fn = std::function<void(int64_t, int)>;
+  using Fn = FnRef;
   void worker_main(int tid);
   void run_job(uint64_t generation, int tid);
   void run_chunk(int64_t n, const Fn& fn);  // one job of at most kMaxJob indices

@@ -55,34 +55,74 @@ void Forward::ensure_batch(int64_t n) {
 
 void Forward::run(const int32_t* tokens, int64_t n, KvCache& cache, LogitsMode mode, float* logits,
                   LayerObserver* observer) {
-  if (n <= 0) return;
-  if (cache.n_past() + n > max_ctx_)
-    throw Error("context overflow: " + std::to_string(cache.n_past() + n) + " tokens exceed the context size of " +
-                std::to_string(max_ctx_));
-  for (int64_t i = 0; i < n; i++)
-    if (tokens[i] < 0 || tokens[i] >= cfg_.n_vocab) throw Error("token id " + std::to_string(tokens[i]) + " is out of range");
   for (int64_t done = 0; done < n;) {
     const int64_t m = std::min(max_batch_, n - done);
     const bool last_chunk = done + m == n;
-    LogitsMode chunk_mode = mode == LogitsMode::All ? LogitsMode::All : (last_chunk ? mode : LogitsMode::None);
-    float* out = mode == LogitsMode::All ? logits + done * cfg_.n_vocab : logits;
-    step(tokens + done, m, cache, chunk_mode, out, observer);
+    ForwardSegment seg;
+    seg.cache = &cache;
+    seg.tokens = tokens + done;
+    seg.n = m;
+    seg.observer = observer;
+    seg.mode = mode == LogitsMode::All ? LogitsMode::All : (last_chunk ? mode : LogitsMode::None);
+    seg.logits = mode == LogitsMode::All ? logits + done * cfg_.n_vocab : logits;
+    step_batch(&seg, 1);
     done += m;
   }
 }
 
-void Forward::step(const int32_t* tokens, int64_t n, KvCache& cache, LogitsMode mode, float* logits,
-                   LayerObserver* observer) {
+void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
   const ModelWeights& w = model_.weights();
   const int64_t E = cfg_.n_embd, D = cfg_.head_dim, H = cfg_.n_head, Hkv = cfg_.n_head_kv;
-  const int64_t Dq = H * D, Dkv = Hkv * D, F = cfg_.n_ff;
+  const int64_t Dq = H * D, Dkv = Hkv * D, F = cfg_.n_ff, V = cfg_.n_vocab;
+  int64_t n = 0;
+  for (int s = 0; s < n_segs; s++) {
+    const ForwardSegment& sg = segs[s];
+    if (sg.n <= 0 || !sg.cache || !sg.tokens) throw Error("internal: empty forward segment");
+    if (sg.cache->n_past() + sg.n > max_ctx_)
+      throw Error("context overflow: " + std::to_string(sg.cache->n_past() + sg.n) +
+                  " tokens exceed the context size of " + std::to_string(max_ctx_));
+    for (int64_t i = 0; i < sg.n; i++)
+      if (sg.tokens[i] < 0 || sg.tokens[i] >= cfg_.n_vocab)
+        throw Error("token id " + std::to_string(sg.tokens[i]) + " is out of range");
+    if (sg.mode != LogitsMode::None && !sg.logits) throw Error("internal: forward segment without a logits buffer");
+    n += sg.n;
+  }
+  if (n == 0) return;
+  if (n > max_batch_) throw Error("internal: a step of " + std::to_string(n) + " tokens exceeds the batch size");
   ensure_batch(n);
-  const int64_t pos0 = cache.n_past();
-  for (int64_t t = 0; t < n; t++) pos_[t] = (int32_t)(pos0 + t);
+  if (seg_row0_.size() < (size_t)n_segs) seg_row0_.resize((size_t)n_segs);
+  for (int s = 0, row = 0; s < n_segs; s++) {
+    seg_row0_[s] = row;
+    const int64_t pos0 = segs[s].cache->n_past();
+    for (int64_t t = 0; t < segs[s].n; t++) pos_[row + t] = (int32_t)(pos0 + t);
+    row += (int)segs[s].n;
+  }
+  // Attention tasks, the same for every layer. Decode steps of few sequences have too few tasks for the
+  // threads, so each group is split by query head (the head's pages stay in cache between its tasks).
+  {
+    const int64_t G = cfg_.n_group();
+    int64_t n_blocks = 0;
+    for (int s = 0; s < n_segs; s++) n_blocks += (segs[s].n + kQueryBlock - 1) / kQueryBlock;
+    const int64_t g_split = Hkv * n_blocks < 4 * pool_.size() ? G : 1;
+    const int64_t g_per = G / g_split;
+    att_tasks_.clear();
+    for (int s = 0; s < n_segs; s++)
+      for (int64_t hk = 0; hk < Hkv; hk++)
+        for (int64_t gs = 0; gs < g_split; gs++)
+          for (int64_t t0 = 0; t0 < segs[s].n; t0 += kQueryBlock)
+            att_tasks_.push_back({s, (int32_t)hk, (int32_t)(gs * g_per), (int32_t)((gs + 1) * g_per), t0,
+                                  std::min<int64_t>(segs[s].n, t0 + kQueryBlock)});
+  }
 
   // Embedding rows.
   pool_.parallel_for(n, [&](int64_t t, int) {
-    dequantize_row(w.token_embd.type, w.token_embd.data + (size_t)tokens[t] * w.token_embd.row_stride, &x_[t * E], E);
+    int32_t tok = 0;
+    for (int s = n_segs - 1; s >= 0; s--)
+      if (t >= seg_row0_[s]) {
+        tok = segs[s].tokens[t - seg_row0_[s]];
+        break;
+      }
+    dequantize_row(w.token_embd.type, w.token_embd.data + (size_t)tok * w.token_embd.row_stride, &x_[t * E], E);
   });
 
   for (int l = 0; l < cfg_.n_layer; l++) {
@@ -109,20 +149,25 @@ void Forward::step(const int32_t* tokens, int64_t n, KvCache& cache, LogitsMode 
       for (int64_t h = 0; h < H; h++) rope_apply(q + h * D, c, s, (int)D, cfg_.rope_mode);
       for (int64_t h = 0; h < Hkv; h++) rope_apply(k + h * D, c, s, (int)D, cfg_.rope_mode);
     });
-    cache.append_layer(l, n, k_.data(), v_.data(), pos_.data());
-    attention(l, n, cache);
-    if (observer) {
+    for (int s = 0; s < n_segs; s++) {
+      const int64_t r0 = seg_row0_[s];
+      segs[s].cache->append_layer(l, segs[s].n, &k_[r0 * Dkv], &v_[r0 * Dkv], &pos_[r0]);
+    }
+    attention(l, segs, n_segs);
+    for (int s = 0; s < n_segs; s++) {
+      if (!segs[s].observer) continue;
+      const int64_t r0 = seg_row0_[s];
       LayerStep st;
       st.layer = l;
-      st.n_tok = n;
-      st.pos = pos_.data();
-      st.h = xn_.data();
-      st.q = q_.data();
-      st.k = k_.data();
-      st.v = v_.data();
+      st.n_tok = segs[s].n;
+      st.pos = &pos_[r0];
+      st.h = &xn_[r0 * E];
+      st.q = &q_[r0 * Dq];
+      st.k = &k_[r0 * Dkv];
+      st.v = &v_[r0 * Dkv];
       st.pool = &pool_;
-      cache.set_n_past(pos0 + n);  // observers see the sequence length including this step
-      observer->after_attention(st, cache);
+      segs[s].cache->set_n_past(pos_[r0] + segs[s].n);  // observers see the sequence length including this step
+      segs[s].observer->after_attention(st, *segs[s].cache);
     }
     matmul(L.wo, attn_.data(), n, proj_.data(), pool_, mm_scratch_);
     pool_.parallel_for(n, [&](int64_t t, int) {
@@ -141,36 +186,53 @@ void Forward::step(const int32_t* tokens, int64_t n, KvCache& cache, LogitsMode 
       for (int64_t i = 0; i < E; i++) x[i] += p[i];
     });
   }
-  cache.set_n_past(pos0 + n);
+  for (int s = 0; s < n_segs; s++) segs[s].cache->set_n_past(pos_[seg_row0_[s]] + segs[s].n);
 
-  if (mode == LogitsMode::None) return;
-  const int64_t first = mode == LogitsMode::Last ? n - 1 : 0;
-  const int64_t rows = n - first;
-  for (int64_t t = first; t < n; t++) rmsnorm(&x_[t * E], w.output_norm, &xn_[(t - first) * E], E, cfg_.rms_eps);
-  matmul(w.output, xn_.data(), rows, logits, pool_, mm_scratch_);
+  // LM head: segments that want every row one by one (straight into their buffer), then the last rows
+  // of all Last segments in one matmul.
+  for (int s = 0; s < n_segs; s++) {
+    if (segs[s].mode != LogitsMode::All) continue;
+    const int64_t r0 = seg_row0_[s];
+    for (int64_t t = 0; t < segs[s].n; t++) rmsnorm(&x_[(r0 + t) * E], w.output_norm, &xn_[t * E], E, cfg_.rms_eps);
+    matmul(w.output, xn_.data(), segs[s].n, segs[s].logits, pool_, mm_scratch_);
+  }
+  last_rows_.clear();
+  for (int s = 0; s < n_segs; s++)
+    if (segs[s].mode == LogitsMode::Last) last_rows_.push_back((int32_t)(seg_row0_[s] + segs[s].n - 1));
+  const int64_t n_last = (int64_t)last_rows_.size();
+  if (n_last == 0) return;
+  for (int64_t i = 0; i < n_last; i++) rmsnorm(&x_[last_rows_[i] * E], w.output_norm, &xn_[i * E], E, cfg_.rms_eps);
+  if (n_last == 1) {
+    for (int s = 0; s < n_segs; s++)
+      if (segs[s].mode == LogitsMode::Last) matmul(w.output, xn_.data(), 1, segs[s].logits, pool_, mm_scratch_);
+    return;
+  }
+  if (logits_rows_.size() < (size_t)(n_last * V)) logits_rows_.resize((size_t)(n_last * V));
+  matmul(w.output, xn_.data(), n_last, logits_rows_.data(), pool_, mm_scratch_);
+  for (int s = 0, i = 0; s < n_segs; s++)
+    if (segs[s].mode == LogitsMode::Last) {
+      std::copy(&logits_rows_[(size_t)i * V], &logits_rows_[(size_t)(i + 1) * V], segs[s].logits);
+      i++;
+    }
 }
 
-void Forward::attention(int layer, int64_t n, KvCache& cache) {
-  const int64_t D = cfg_.head_dim, H = cfg_.n_head, Hkv = cfg_.n_head_kv, G = cfg_.n_group();
+void Forward::attention(int layer, const ForwardSegment* segs, int n_segs) {
+  const int64_t D = cfg_.head_dim, H = cfg_.n_head, G = cfg_.n_group();
   const float scale = 1.0f / std::sqrt((float)D);
-  const int64_t n_blocks = (n + kQueryBlock - 1) / kQueryBlock;
-  // Decode has one block per KV head: too few tasks for the threads, so split each group by query head
-  // (the head's pages stay in cache between the group's tasks).
-  const int64_t g_split = Hkv * n_blocks < 4 * pool_.size() ? G : 1;
-  const int64_t g_per_task = G / g_split;
-  pool_.parallel_for(Hkv * g_split * n_blocks, [&](int64_t task, int tid) {
-    const int64_t blk = task % n_blocks, hk = task / n_blocks / g_split;
-    const int64_t g0 = (task / n_blocks % g_split) * g_per_task, g1 = g0 + g_per_task;
-    const int64_t t0 = blk * kQueryBlock, t1 = std::min(n, t0 + kQueryBlock);
-    const int64_t n_old = cache.length(layer, (int)hk) - n;  // entries kept before this step
+  pool_.parallel_for((int64_t)att_tasks_.size(), [&](int64_t task, int tid) {
+    const AttentionTask& tk = att_tasks_[(size_t)task];
+    const ForwardSegment& sg = segs[tk.seg];
+    const int64_t row0 = seg_row0_[tk.seg], hk = tk.hk;
+    const KvCache& cache = *sg.cache;
+    const int64_t n_old = cache.length(layer, (int)hk) - sg.n;  // entries kept before this step
     // Gather the block's query rows, ordered (token, group head), scaled so dots are logits.
     float* qb = att_q_[tid].data();    // [rows][D]
     float* ob = att_out_[tid].data();  // [rows][D]
     int64_t* visible = att_visible_[tid].data();
     int rows = 0;
-    for (int64_t t = t0; t < t1; t++)
-      for (int64_t g = g0; g < g1; g++, rows++) {
-        const float* src = &q_[(t * H + hk * G + g) * D];
+    for (int64_t t = tk.t0; t < tk.t1; t++)
+      for (int64_t g = tk.g0; g < tk.g1; g++, rows++) {
+        const float* src = &q_[((row0 + t) * H + hk * G + g) * D];
         // Queries are rounded to f16 like llama.cpp does before its f16 K dot products.
         for (int64_t i = 0; i < D; i++) qb[rows * D + i] = fp16_to_fp32(fp32_to_fp16(src[i])) * scale;
         visible[rows] = n_old + t + 1;  // causal: old entries plus new tokens up to t
@@ -178,10 +240,11 @@ void Forward::attention(int layer, int64_t n, KvCache& cache) {
     AttentionBlock b{qb, D, rows, visible, ob, D, /*f16_probs=*/true};
     attend(b, cache, layer, (int)hk, att_scores_[tid].data(), att_kv_[tid].data());
     rows = 0;
-    for (int64_t t = t0; t < t1; t++)
-      for (int64_t g = g0; g < g1; g++, rows++)
-        std::copy(ob + rows * D, ob + (rows + 1) * D, &attn_[(t * H + hk * G + g) * D]);
+    for (int64_t t = tk.t0; t < tk.t1; t++)
+      for (int64_t g = tk.g0; g < tk.g1; g++, rows++)
+        std::copy(ob + rows * D, ob + (rows + 1) * D, &attn_[((row0 + t) * H + hk * G + g) * D]);
   });
+  (void)n_segs;
 }
 
 }  // namespace kvzap

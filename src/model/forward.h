@@ -32,6 +32,17 @@ class LayerObserver {
 
 enum class LogitsMode { None, Last, All };
 
+// One sequence's part of a batched step: n new tokens appended to `cache` at positions
+// cache->n_past() .. +n, watched by `observer` (may be null).
+struct ForwardSegment {
+  KvCache* cache = nullptr;
+  const int32_t* tokens = nullptr;  // [n]
+  int64_t n = 0;
+  LayerObserver* observer = nullptr;
+  LogitsMode mode = LogitsMode::None;
+  float* logits = nullptr;  // Last: [n_vocab]; All: [n][n_vocab]
+};
+
 class Forward {
  public:
   Forward(const Model& model, int64_t max_batch, int64_t max_ctx, ThreadPool& pool);
@@ -41,6 +52,11 @@ class Forward {
   // logits: LogitsMode::Last -> [n_vocab] for the final token; All -> [n][n_vocab].
   void run(const int32_t* tokens, int64_t n, KvCache& cache, LogitsMode mode, float* logits,
            LayerObserver* observer = nullptr);
+
+  // One batched step: every segment's tokens go through the model together (each weight matrix is read
+  // once for all of them); attention and the observer run per segment on its own cache. The segments'
+  // caches must be distinct; their tokens sum to at most max_batch(), and each fits max_ctx().
+  void step_batch(const ForwardSegment* segs, int n_segs);
 
   int64_t max_batch() const { return max_batch_; }
   int64_t max_ctx() const { return max_ctx_; }
@@ -55,9 +71,13 @@ class Forward {
  private:
   // Grows the activation buffers to hold n tokens (only when a larger step than ever before comes).
   void ensure_batch(int64_t n);
-  void step(const int32_t* tokens, int64_t n, KvCache& cache, LogitsMode mode, float* logits,
-            LayerObserver* observer);
-  void attention(int layer, int64_t n, KvCache& cache);
+  void attention(int layer, const ForwardSegment* segs, int n_segs);
+  // Attention work items of the current step, rebuilt once per step: (segment, KV head, query-head
+  // range, query block).
+  struct AttentionTask {
+    int32_t seg, hk, g0, g1;
+    int64_t t0, t1;  // rows of the segment
+  };
 
   const Model& model_;
   const ModelConfig& cfg_;
@@ -75,9 +95,13 @@ class Forward {
   std::vector<float> proj_;   // [B][n_embd]
   std::vector<float> gate_;   // [B][n_ff]
   std::vector<float> up_;     // [B][n_ff]
-  std::vector<int32_t> pos_;  // [B]
+  std::vector<int32_t> pos_;  // [B] position of each row
+  std::vector<int64_t> seg_row0_;       // [n_segs] first row of each segment in the step
+  std::vector<AttentionTask> att_tasks_;
+  std::vector<float> logits_rows_;      // [n_last][n_vocab] LM-head output of Last segments
+  std::vector<int32_t> last_rows_;      // [n_last] rows whose logits are wanted
   std::vector<float> rope_cos_, rope_sin_;
-  // Attention scratch per thread: scores [rows][max_ctx], K/V page in f32 [page][D].
+  // Attention scratch per thread: scores [rows][max_ctx], one K/V page in f32 [page][D].
   int64_t att_rows_;
   std::vector<std::vector<float>> att_scores_;
   std::vector<std::vector<float>> att_kv_;

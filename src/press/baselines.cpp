@@ -3,13 +3,12 @@
 
 #include <string>
 
-#include "engine/session.h"
 #include "kernels/thread_pool.h"
 #include "kvzap/error.h"
 
 namespace kvzap {
 
-void CacheContextScorer::score_context(ContextView& ctx, CacheScores& out) { score_cache(ctx.session.cache(), out); }
+void CacheContextScorer::score_context(ContextView& ctx, CacheScores& out) { score_cache(ctx.cache, out); }
 
 void CacheContextScorer::parallel_for(int64_t n, const std::function<void(int64_t, int)>& fn) {
   if (pool_ && pool_->size() > 1) {

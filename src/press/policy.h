@@ -21,10 +21,12 @@ class ThresholdPress : public Press {
   ThresholdPress(std::unique_ptr<Scorer> scorer, const PressOptions& opt);
 
   std::string name() const override;
-  void begin_context(Session& session) override { start_context(); }
+  void begin_context(ContextRunner& runner) override { start_context(); }
   void end_context(ContextView& ctx) override { finish_context(); }
   bool prunes_decoding() const override { return decoding_; }
   void after_attention(const LayerStep& step, KvCache& cache) override;
+  // A copy of the window buffers (per-step scorers are stateless between steps: shared).
+  std::unique_ptr<Press> clone() const override { return std::make_unique<ThresholdPress>(*this); }
 
   // Every step between these two is judged, whatever its size (a context prefilled in several
   // steps is judged completely even without `decoding`).
@@ -44,7 +46,7 @@ class ThresholdPress : public Press {
   };
   void evict_leaving(int layer, size_t n_leave, KvCache& cache);
 
-  std::unique_ptr<Scorer> scorer_;
+  std::shared_ptr<Scorer> scorer_;
   std::string scorer_name_;
   double threshold_;
   int window_;
@@ -111,7 +113,7 @@ class RatioPress : public Press {
   RatioPress(std::unique_ptr<Scorer> scorer, const PressOptions& opt);
 
   std::string name() const override;
-  void begin_context(Session& session) override;
+  void begin_context(ContextRunner& runner) override;
   void end_context(ContextView& ctx) override;
   bool prunes_decoding() const override { return false; }
   void after_attention(const LayerStep& step, KvCache& cache) override;

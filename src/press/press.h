@@ -12,14 +12,27 @@
 
 namespace kvzap {
 
-class Session;
+class ThreadPool;
 
 // Scores of every kept entry of the cache: [layer][head][slot], slot order = the stream's order.
 using CacheScores = std::vector<std::vector<std::vector<float>>>;
 
+// The narrow part of the engine a press may use: its idle workers, and scratch forward passes.
+class ContextRunner {
+ public:
+  virtual ~ContextRunner() = default;
+  virtual ThreadPool& threads() = 0;
+  virtual int64_t n_ctx() const = 0;            // per-sequence context limit
+  virtual int64_t max_step_tokens() const = 0;  // most tokens one forward step takes
+  // Runs `tokens` (one step) on a copy-on-write scratch fork of `cache` with `obs` watching every layer
+  // (obs receives the fork's cache); the fork is dropped afterwards and `cache` is left untouched.
+  virtual void run_on_scratch_fork(const KvCache& cache, const int32_t* tokens, int64_t n, LayerObserver& obs) = 0;
+};
+
 // What a context scorer may use after the context was prefilled.
 struct ContextView {
-  Session& session;
+  KvCache& cache;                           // the sequence's cache, holding the whole context
+  ContextRunner& runner;
   const std::vector<int32_t>& context_ids;  // the tokens just prefilled (positions 0..n-1)
   const std::string& question;              // only for query-aware scorers; empty otherwise
 };
@@ -60,12 +73,16 @@ class Press : public LayerObserver {
  public:
   virtual ~Press() = default;
   virtual std::string name() const = 0;
-  // Context protocol (kvpress pipeline): begin_context before prefilling a new context into an empty
-  // cache, end_context after it (ratio presses evict here).
-  virtual void begin_context(Session& session) = 0;
+  // Context protocol (kvpress pipeline), told explicitly by the sequence: begin_context before
+  // prefilling a new context into an empty cache (the press forgets any earlier sequence), end_context
+  // after it (ratio presses evict here).
+  virtual void begin_context(ContextRunner& runner) = 0;
   virtual void end_context(ContextView& ctx) = 0;
   // After end_context: true if the press keeps judging question and generated tokens.
   virtual bool prunes_decoding() const = 0;
+  // A copy of this press and its per-sequence state, for a fork of the sequence (shares the scorer's
+  // read-only weights). Null if the press cannot be copied mid-sequence (then the fork gets no press).
+  virtual std::unique_ptr<Press> clone() const { return nullptr; }
 };
 
 std::unique_ptr<Press> make_press(const PressOptions& opt, const Model& model);

@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <limits>
 
-#include "engine/session.h"
 #include "kvzap/error.h"
 #include "press/policy.h"
 
@@ -192,13 +191,13 @@ std::string RatioPress::name() const {
   return buf;
 }
 
-void RatioPress::begin_context(Session& session) {
+void RatioPress::begin_context(ContextRunner& runner) {
   start_context();
-  if (auto* cs = dynamic_cast<CacheScorer*>(scorer_.get())) cs->set_pool(&session.forward().pool());
+  if (auto* cs = dynamic_cast<CacheScorer*>(scorer_.get())) cs->set_pool(&runner.threads());
 }
 
 void RatioPress::start_context() {
-  recorded_.clear();
+  recorded_.clear();  // also forgets the scores of an earlier sequence
   scorer_->reset();
   in_context_ = true;
 }
@@ -215,8 +214,6 @@ void RatioPress::after_attention(const LayerStep& step, KvCache& cache) {
     for (auto& layer : recorded_) layer.resize((size_t)H);
   }
   auto& layer = recorded_[(size_t)step.layer];
-  if (cache.n_past() == step.n_tok)  // the step starts the sequence
-    for (auto& s : layer) s.clear();
   const int64_t n = step.n_tok;
   if (step_scores_.size() < (size_t)(H * n)) step_scores_.resize((size_t)(H * n));
   scorer_->score_step(step, cache, step_scores_.data());  // [H][n]
@@ -226,7 +223,7 @@ void RatioPress::after_attention(const LayerStep& step, KvCache& cache) {
   }
 }
 
-void RatioPress::end_context(ContextView& ctx) { finish_context(ctx.session.cache(), &ctx); }
+void RatioPress::end_context(ContextView& ctx) { finish_context(ctx.cache, &ctx); }
 
 int64_t RatioPress::finish_context(KvCache& cache, ContextView* ctx) {
   in_context_ = false;

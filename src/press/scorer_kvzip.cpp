@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/fp16.h"
-#include "engine/session.h"
+#include "kernels/thread_pool.h"
 #include "kvzap/error.h"
 #include "press/kvzip.h"
 #include "press/press.h"
@@ -44,8 +44,7 @@ std::vector<int32_t> KvzipScorer::repeat_prompt(const std::vector<int32_t>& prev
 }
 
 void KvzipScorer::score_context(ContextView& ctx, CacheScores& out) {
-  Session& s = ctx.session;
-  KvCache& cache = s.cache();
+  KvCache& cache = ctx.cache;
   const ModelConfig& c = model_.config();
   const Tokenizer& tok = model_.tokenizer();
   const std::vector<int32_t>& ids = ctx.context_ids;
@@ -80,15 +79,15 @@ void KvzipScorer::score_context(ContextView& ctx, CacheScores& out) {
     input.insert(input.end(), suffix.begin(), suffix.end());
     input.insert(input.end(), ids.begin() + c0, ids.begin() + c1);
     const int64_t n_in = (int64_t)input.size();
-    if (n_ctx + n_in > s.n_ctx())
+    if (n_ctx + n_in > ctx.runner.n_ctx())
       throw Error("KVzip scoring needs " + std::to_string(n_ctx + n_in) + " tokens of context (context + repeat input); raise -c");
-    if (n_in > s.forward().max_batch())
+    if (n_in > ctx.runner.max_step_tokens())
       throw Error("KVzip scoring needs a batch of at least " + std::to_string(n_in) + " tokens; raise -b");
     ChunkObserver obs(*this, out, c0, c1, n_ctx, n_in);
-    obs.pool_ptr = &s.forward().pool();
+    obs.pool_ptr = &ctx.runner.threads();
     obs.dump = dump_layer_ >= 0 && c0 == start;
-    s.forward().run(input.data(), n_in, cache, LogitsMode::None, nullptr, &obs);
-    cache.truncate((int32_t)n_ctx);
+    // The repeat pass runs on a scratch fork: the sequence's own cache is never written.
+    ctx.runner.run_on_scratch_fork(cache, input.data(), n_in, obs);
   }
 }
 

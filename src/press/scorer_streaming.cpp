@@ -5,7 +5,6 @@
 // stream holds the same positions.
 #include <limits>
 
-#include "engine/session.h"
 #include "press/press.h"
 
 namespace kvzap {
@@ -17,7 +16,7 @@ class StreamingScorer : public Scorer {
  public:
   bool per_step() const override { return false; }
   void score_context(ContextView& ctx, CacheScores& out) override {
-    const KvCache& cache = ctx.session.cache();
+    const KvCache& cache = ctx.cache;
     out.assign((size_t)cache.n_layer(), std::vector<std::vector<float>>((size_t)cache.n_head_kv()));
     for (int l = 0; l < cache.n_layer(); l++)
       for (int h = 0; h < cache.n_head_kv(); h++) {

@@ -61,16 +61,12 @@ void ThresholdPress::after_attention(const LayerStep& step, KvCache& cache) {
   }
   Window& win = windows_[(size_t)step.layer];
 
-  // A step that starts the sequence (position 0) begins a new one: forget the old window.
-  const bool first_step = cache.n_past() == step.n_tok;
-  if (first_step) {
-    win.clear();
-  } else {
-    if (!in_context_ && !decoding_) return;
-    // After cache.truncate(p) (a question and its answer removed) positions >= p come again: the
-    // buffered scores of the removed tokens must not judge the new ones.
-    win.drop_from(step.pos[0]);
-  }
+  // Outside a context (begin_context .. end_context, which also forgets the old windows) only a
+  // decoding press judges tokens.
+  if (!in_context_ && !decoding_) return;
+  // After cache.truncate(p) (a question and its answer removed) positions >= p come again: the
+  // buffered scores of the removed tokens must not judge the new ones.
+  win.drop_from(step.pos[0]);
 
   const int64_t n = step.n_tok;
   if (step_scores_.size() < (size_t)(H * n)) step_scores_.resize((size_t)(H * n));
@@ -116,7 +112,11 @@ void ThresholdPress::evict_leaving(int layer, size_t n_leave, KvCache& cache) {
         any = true;
       }
     }
-    if (any) n_evicted_ += cache.evict(layer, h, drop_);
+    if (any) {
+      const int64_t removed = cache.evict(layer, h, drop_);
+      n_evicted_ += removed;
+      cache.pool().count_evicted(removed);
+    }
   }
 }
 

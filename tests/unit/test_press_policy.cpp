@@ -135,6 +135,7 @@ TEST(ThresholdPolicy, StrictLessThanKeepsScoresEqualToTheThreshold) {
   const ScoreFn fn = [=](int, int, int32_t p) { return p % 2 == 0 ? 0.5f : below; };
   auto t = make_threshold(fn, 0.5, 0, false);
   KvCache cache(kL, kH, kD);
+  t.press->start_context();
   step(cache, *t.press, 20);
   std::vector<int32_t> even;
   for (int32_t p = 0; p < 20; p += 2) even.push_back(p);
@@ -146,6 +147,7 @@ TEST(ThresholdPolicy, EachLayerAndHeadIsJudgedOnItsOwnScores) {
   const ScoreFn fn = [](int l, int h, int32_t p) { return (p + l) % kH == h ? -1.0f : 1.0f; };
   auto t = make_threshold(fn, 0.0, 6, false);
   KvCache cache(kL, kH, kD);
+  t.press->start_context();
   step(cache, *t.press, 30);
   for (int l = 0; l < kL; l++)
     for (int h = 0; h < kH; h++) {
@@ -213,16 +215,22 @@ TEST(ThresholdPolicy, ContextInSeveralStepsIsJudgedLikeOneStep) {
   }
 }
 
-TEST(ThresholdPolicy, WithoutTheContextProtocolOnlyTheFirstStepIsJudgedUnlessDecoding) {
-  // kvpress semantics when the press is simply attached: a step starting at position 0 is the
-  // prefill; later steps are decoding.
+TEST(ThresholdPolicy, WithoutTheContextProtocolOnlyADecodingPressJudges) {
+  // Nothing guesses where a context starts: the sequence says so (begin_context). A press attached
+  // without it judges nothing unless it prunes while decoding.
   const ScoreFn low = [](int, int, int32_t) { return -1.0f; };
   auto t = make_threshold(low, 0.0, 2, false);
   KvCache cache(kL, kH, kD);
-  step(cache, *t.press, 6);  // judged: 0..3 evicted
-  step(cache, *t.press, 6);  // not judged
+  step(cache, *t.press, 6);
+  step(cache, *t.press, 6);
+  EXPECT_EQ(t.scorer->calls, 0);
+  EXPECT_EQ(cache.entries_kept(), (int64_t)kL * kH * 12);
+  auto d = make_threshold(low, 0.0, 2, true);
+  KvCache dc(kL, kH, kD);
+  step(dc, *d.press, 6);  // judged: 0..3 evicted
+  step(dc, *d.press, 6);  // judged: 4..9 evicted
   for (int l = 0; l < kL; l++)
-    for (int h = 0; h < kH; h++) EXPECT_EQ(kept(cache, l, h), range(4, 12));
+    for (int h = 0; h < kH; h++) EXPECT_EQ(kept(dc, l, h), range(10, 12));
 }
 
 TEST(ThresholdPolicy, EvictedFractionAfterPrefillAndDecoding) {

@@ -1,0 +1,43 @@
+// Saved compressed caches: one sequence's KV streams (kept entries only, f16, with their positions),
+// the context's token ids, the logits after its last token, and the press settings it was compressed
+// under. Restoring gives back exactly the pruned cache, so a context is compressed once and reused.
+//
+// Layout (little-endian), version 1:
+//   header [144 bytes]: magic "KVZCACHE" | version u32 | header bytes u32 | model fingerprint [32] |
+//     n_layer u32 | n_head_kv u32 | head_dim u32 | n_vocab u32 | n_past i64 | n_tokens u64 |
+//     press bytes u32 | has logits u32 | payload bytes u64 | payload sha256 [32] | header sha256 [8, truncated]
+//   payload: press settings [press bytes] | tokens i32 [n_tokens] | logits f32 [n_vocab] (if has logits) |
+//     per stream (layer-major, then KV head): length u32 | positions i32 [length] | keys f16 [length][head_dim] |
+//     values f16 [length][head_dim]
+// A truncated, corrupt, foreign-model or other-version file throws kvzap::Error with a one-line message.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cache/kv_cache.h"
+#include "model/model.h"
+
+namespace kvzap {
+
+inline constexpr uint32_t kCacheFileVersion = 1;
+
+struct CacheFileMeta {
+  std::string press;            // the press settings the context was compressed under ("none" = uncompressed)
+  std::vector<int32_t> tokens;  // the context's token ids (positions 0..n-1); n_past == tokens.size()
+  std::vector<float> logits;    // [n_vocab] after the last token, or empty
+};
+
+// SHA-256 (hex) of the model's shape, vocabulary size, file size and first and last MiB of the file:
+// cheap, and different for any other model file in practice.
+std::string model_fingerprint(const Model& model);
+
+// Writes through `path`.partial and renames, so a crash never leaves a half file under `path`.
+void save_cache_file(const std::string& path, const Model& model, const KvCache& cache, const CacheFileMeta& meta);
+
+// Validates the whole file first (header, version, model, checksums, every length and position), then
+// appends its entries to `cache` (empty, same shape) and sets n_past. Throws KvBudgetExceeded when the
+// pool cannot hold the entries (the cache may then hold part of them: drop it).
+CacheFileMeta load_cache_file(const std::string& path, const Model& model, KvCache& cache);
+
+}  // namespace kvzap

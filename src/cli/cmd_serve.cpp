@@ -1,0 +1,188 @@
+// kvzap serve: an OpenAI-compatible HTTP server with continuous batching over one shared KV page pool,
+// where pruned requests leave room for more (src/server/).
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "cli/cli_common.h"
+#include "engine/engine.h"
+#include "engine/model_store.h"
+#include "server/http_server.h"
+#include "server/scheduler.h"
+
+namespace kvzap::cli {
+namespace {
+
+struct ServeArgs {
+  ModelArgs m;
+  PressArgs press;
+  std::string host = "127.0.0.1", kv_budget, prefix_cache, max_body = "8MiB", alias, slot_save_path;
+  std::string api_key, api_key_file;
+  int port = 8080, parallel = 4, max_queue = 64, max_tokens = 4096, http_threads = 0;
+  double timeout = 600, shutdown_grace = 5;
+};
+
+// Sends SIGINT/SIGTERM to one waiting thread: the first drains (running requests may finish within the
+// grace period), a second one stops at once.
+class ShutdownWatcher {
+ public:
+  explicit ShutdownWatcher(double grace_s) : grace_s_(grace_s) {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);  // before any other thread starts: they inherit the mask
+  }
+  void start() { std::thread([this] { watch(); }).detach(); }
+  void set_scheduler(server::Scheduler* s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    scheduler_ = s;
+  }
+  bool requested() const { return requested_.load(); }
+
+ private:
+  void watch() {
+    int sig = 0;
+    sigwait(&set_, &sig);
+    requested_ = true;
+    std::fprintf(stderr, "[serve] %s: finishing running requests (at most %.0f s), then exiting\n", sig == SIGINT ? "SIGINT" : "SIGTERM", grace_s_);
+    server::Scheduler* s;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      s = scheduler_;
+    }
+    if (!s) return;  // still loading: main sees requested() once the model is in
+    s->drain();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s_);
+    timespec tick{0, 100 * 1000 * 1000};
+    while (!s->idle() && std::chrono::steady_clock::now() < until)
+      if (sigtimedwait(&set_, nullptr, &tick) > 0) break;  // a second signal: stop now
+    s->stop();
+  }
+  double grace_s_;
+  sigset_t set_;
+  std::mutex mu_;
+  server::Scheduler* scheduler_ = nullptr;
+  std::atomic<bool> requested_{false};
+};
+
+PressOptions default_press_options(const PressArgs& p) {
+  PressOptions o;
+  o.name = p.name;
+  o.has_threshold = p.threshold_opt && p.threshold_opt->count() > 0;
+  o.threshold = p.threshold;
+  o.has_ratio = p.ratio_opt && p.ratio_opt->count() > 0;
+  o.ratio = p.ratio;
+  o.ratio_scope = p.scope;
+  o.window = p.window;
+  o.decoding = p.decoding;
+  o.surrogate_dir = p.surrogate;
+  o.seed = p.seed;
+  return o;
+}
+
+int run_serve(const ServeArgs& a) {
+  ShutdownWatcher watcher(a.shutdown_grace);
+  ::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is a failed write, not a dead server
+
+  server::HttpOptions h;
+  h.host = a.host;
+  h.port = a.port;
+  std::vector<std::string> keys;
+  if (!a.api_key.empty() && !a.api_key_file.empty()) throw Error("give --api-key or --api-key-file, not both");
+  for (size_t b = 0; !a.api_key.empty() && b <= a.api_key.size();) {
+    const size_t e = std::min(a.api_key.find(',', b), a.api_key.size());
+    if (e > b) keys.push_back(a.api_key.substr(b, e - b));
+    b = e + 1;
+  }
+  if (!a.api_key_file.empty()) keys = server::ApiKeys::read_file(a.api_key_file);
+  h.keys = server::ApiKeys(keys);
+  h.max_body_bytes = (size_t)parse_byte_size(a.max_body);
+  h.slot_save_path = a.slot_save_path;
+  if (!h.slot_save_path.empty() && !std::filesystem::is_directory(h.slot_save_path))
+    throw Error("--slot-save-path " + h.slot_save_path + ": not a directory");
+  h.threads = a.http_threads > 0 ? a.http_threads : std::min(256, a.parallel + a.max_queue + 8);
+  const std::string model_path = resolve_model(a.m.model);
+  h.model_id = a.alias.empty() ? std::filesystem::path(model_path).filename().string() : a.alias;
+
+  server::Metrics metrics;
+  server::HttpServer http(h, metrics);
+  if (!http.bind()) throw Error("cannot listen on " + a.host + ":" + std::to_string(a.port) + " (port in use or not allowed)");
+  watcher.start();
+  std::thread http_thread([&] { http.listen(); });
+  std::fprintf(stderr, "[serve] listening on http://%s:%d, loading %s\n", a.host.c_str(), a.port, model_path.c_str());
+
+  auto stop_http = [&] {
+    http.stop();
+    http_thread.join();
+  };
+  try {
+    auto model = Model::load(model_path);
+    server::ServerDefaults d;
+    d.has_press = !a.press.name.empty();
+    if (!d.has_press && (a.press.threshold_opt->count() || a.press.ratio_opt->count() || a.press.decoding))
+      throw Error("--threshold/--ratio/--decode-press need --press NAME");
+    d.press = default_press_options(a.press);
+    if (d.has_press) make_press(d.press, *model);  // a bad default fails at start, not per request
+    d.limits.n_vocab = model->config().n_vocab;
+    d.limits.max_tokens = a.max_tokens;
+    d.limits.default_max_tokens = std::min(256, a.max_tokens);
+    d.request_timeout_s = a.timeout;
+
+    EngineOptions eo;
+    eo.n_threads = a.m.threads;
+    eo.n_ctx = a.m.ctx;
+    eo.n_batch = a.m.batch > 0 ? a.m.batch : 512;
+    eo.kv_budget_bytes = a.kv_budget.empty() ? 0 : parse_byte_size(a.kv_budget);
+    Engine engine(*model, eo);
+    server::SchedulerOptions so;
+    so.parallel = a.parallel;
+    so.max_queue = a.max_queue;
+    so.prefix_cache_bytes = a.prefix_cache.empty() ? engine.pages().budget_bytes() / 4 : parse_byte_size(a.prefix_cache);
+    server::Scheduler scheduler(engine, so, metrics);
+    http.attach(*model, engine, scheduler, d);
+    watcher.set_scheduler(&scheduler);
+    if (watcher.requested()) scheduler.stop();
+    std::fprintf(stderr, "[serve] ready: %s, %d threads, context %lld, %d parallel, KV budget %.1f MiB (prefix cache %.1f MiB), press %s%s\n",
+                 h.model_id.c_str(), engine.n_threads(), (long long)engine.n_ctx(), a.parallel,
+                 engine.pages().budget_bytes() / 1048576.0, so.prefix_cache_bytes / 1048576.0,
+                 d.has_press ? server::press_settings_key(true, d.press).c_str() : "none",
+                 h.keys.enabled() ? ", API key required" : "");
+    scheduler.run();
+    stop_http();
+    std::fprintf(stderr, "[serve] stopped\n");
+  } catch (...) {
+    stop_http();
+    throw;
+  }
+  return 0;
+}
+
+RegisterCommand reg("serve", "OpenAI-compatible HTTP server (continuous batching, KV pruning as capacity)", [](CLI::App& sub) {
+  auto a = std::make_shared<ServeArgs>();
+  a->m.add_to(sub);
+  a->press.add_to(sub);
+  sub.add_option("--host", a->host, "address to bind (default 127.0.0.1: loopback only)");
+  sub.add_option("--port", a->port, "port (default 8080)")->check(CLI::Range(0, 65535));
+  sub.add_option("--parallel,--np", a->parallel, "most requests running at once (default 4)")->check(CLI::Range(1, 1024));
+  sub.add_option("--kv-budget", a->kv_budget, "KV page budget shared by all requests, e.g. 512MiB (default: half the available memory)");
+  sub.add_option("--prefix-cache", a->prefix_cache, "bytes of compressed prefixes kept for reuse (default: a quarter of the KV budget; 0 = off)");
+  sub.add_option("--max-queue", a->max_queue, "most requests waiting for admission; beyond: 503 (default 64)")->check(CLI::Range(0, 1 << 20));
+  sub.add_option("--max-tokens-limit", a->max_tokens, "largest max_tokens a request may ask for (default 4096)")->check(CLI::Range(1, 1 << 24));
+  sub.add_option("--timeout", a->timeout, "per-request time limit in seconds; generation stops with finish_reason length (default 600, 0 = none)")->check(CLI::Range(0.0, 1e7));
+  sub.add_option("--max-body", a->max_body, "largest request body (default 8MiB)");
+  sub.add_option("--api-key", a->api_key, "require this API key (comma-separated list allowed)");
+  sub.add_option("--api-key-file", a->api_key_file, "require one of the API keys in this file (one per line)");
+  sub.add_option("--slot-save-path", a->slot_save_path, "folder for /slots/save and /slots/restore files (default: disabled)");
+  sub.add_option("--alias", a->alias, "model name in responses (default: the model's file name)");
+  sub.add_option("--threads-http", a->http_threads, "HTTP worker threads (default: parallel + max-queue + 8)")->check(CLI::Range(0, 4096));
+  sub.add_option("--shutdown-grace", a->shutdown_grace, "seconds running requests get to finish after SIGINT/SIGTERM (default 5)")->check(CLI::Range(0.0, 3600.0));
+  return [a]() { return run_serve(*a); };
+});
+
+}  // namespace
+}  // namespace kvzap::cli

@@ -1,0 +1,351 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+
+#include "cache/cache_file.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "server/api_error.h"
+#include "server/request.h"
+#include "server/responses.h"
+#include "server/scheduler.h"
+
+namespace kvzap::server {
+namespace {
+
+using nlohmann::json;
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(dump_json(body), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.status(), e.body()); }
+
+}  // namespace
+
+struct HttpServer::Impl {
+  HttpOptions opt;
+  Metrics& metrics;
+  httplib::Server http;
+  std::atomic<bool> ready{false};
+  const Model* model = nullptr;
+  Engine* engine = nullptr;
+  Scheduler* scheduler = nullptr;
+  ServerDefaults defaults;
+  std::unique_ptr<PressFactory> presses;
+  std::atomic<uint64_t> next_id{1};
+  std::time_t started = std::time(nullptr);
+
+  Impl(HttpOptions o, Metrics& m) : opt(std::move(o)), metrics(m) {}
+
+  void log(const httplib::Request& req, int status, const std::string& what) {
+    if (opt.log_requests) std::fprintf(stderr, "[serve] %s %s -> %d %s\n", req.method.c_str(), req.path.c_str(), status, what.c_str());
+  }
+
+  int tenant_of(const httplib::Request& req) const {
+    if (!opt.keys.enabled()) return 0;
+    return opt.keys.match(ApiKeys::from_headers(req.get_header_value("Authorization"), req.get_header_value("X-Api-Key")));
+  }
+
+  std::string new_id(const char* prefix) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%s%llx%06llx", prefix, (unsigned long long)started, (unsigned long long)next_id++);
+    return buf;
+  }
+
+  // Wraps a handler: ApiError -> its status and body; anything else -> 500. The server stays up.
+  httplib::Server::Handler guarded(std::function<void(const httplib::Request&, httplib::Response&)> fn) {
+    return [this, fn](const httplib::Request& req, httplib::Response& res) {
+      try {
+        fn(req, res);
+      } catch (const ApiError& e) {
+        metrics.requests_rejected_total++;
+        log(req, e.status(), e.type() + ": " + e.what());
+        send_error(res, e);
+      } catch (const std::exception& e) {
+        log(req, 500, e.what());
+        send_error(res, ApiError(500, "server_error", std::string("internal error: ") + e.what()));
+      }
+    };
+  }
+
+  void routes();
+  void completion(const httplib::Request& req, httplib::Response& res, Endpoint ep);
+  void slots_save(const httplib::Request& req, httplib::Response& res);
+  void slots_restore(const httplib::Request& req, httplib::Response& res);
+  std::string slot_path(const json& body) const {
+    if (opt.slot_save_path.empty())
+      throw ApiError(501, "not_supported_error", "slot saving is disabled: start the server with --slot-save-path DIR");
+    return (std::filesystem::path(opt.slot_save_path) / parse_slot_filename(body)).string();
+  }
+};
+
+void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response& res, Endpoint ep) {
+  const json body = parse_body(req.body);
+  const CompletionRequest r = ep == Endpoint::Chat ? parse_chat_request(body, defaults.limits) : parse_completion_request(body, defaults.limits);
+  const std::string id = new_id(ep == Endpoint::Chat ? "chatcmpl-" : "cmpl-");
+  std::unique_ptr<Job> job = prepare_job(r, *model, engine->n_ctx(), defaults, *presses, tenant_of(req), id);
+  auto channel = job->channel;
+  const double timeout_s = defaults.request_timeout_s;
+  scheduler->submit(std::move(job));
+
+  auto shape = std::make_shared<ResponseShape>(ResponseShape{ep, id, (int64_t)std::time(nullptr), opt.model_id, r.include_usage});
+  if (!r.stream) {
+    std::string text;
+    const auto give_up = Clock::now() + std::chrono::seconds((int64_t)(timeout_s > 0 ? timeout_s : 86400) + 60);
+    for (;;) {
+      auto ev = channel->pop(std::chrono::milliseconds(500));
+      if (!ev) {
+        if (Clock::now() > give_up) {
+          channel->cancel();
+          throw ApiError(500, "server_error", "the request did not finish in time");
+        }
+        continue;
+      }
+      if (ev->kind == StreamEvent::Kind::Error) throw *ev->error;
+      text += ev->text;
+      if (ev->kind == StreamEvent::Kind::Finish) {
+        send_json(res, 200, full_response(*shape, text, ev->finish_reason, ev->usage));
+        return;
+      }
+    }
+  }
+
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  auto sent_role = std::make_shared<bool>(false);
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [shape, channel, finished, sent_role](size_t, httplib::DataSink& sink) {
+        auto write = [&](const std::string& frame) {
+          if (sink.write(frame.data(), frame.size())) return true;
+          channel->cancel();  // the client is gone: the scheduler drops the sequence and frees its pages
+          return false;
+        };
+        if (!*sent_role) {
+          *sent_role = true;
+          if (shape->endpoint == Endpoint::Chat && !write(sse_frame(role_chunk(*shape)))) return false;
+        }
+        for (;;) {
+          auto ev = channel->pop(std::chrono::milliseconds(1000));
+          if (!ev) {
+            if (!write(": ping\n\n")) return false;  // also how a silent dead peer is noticed
+            continue;
+          }
+          if (ev->kind == StreamEvent::Kind::Error) {
+            *finished = true;
+            write(sse_frame(ev->error->body()));
+            sink.done();
+            return true;
+          }
+          if (ev->kind == StreamEvent::Kind::Text) return write(sse_frame(text_chunk(*shape, ev->text, nullptr)));
+          std::string out;
+          if (!ev->text.empty()) out += sse_frame(text_chunk(*shape, ev->text, nullptr));
+          out += sse_frame(text_chunk(*shape, "", ev->finish_reason));
+          if (shape->include_usage) out += sse_frame(usage_chunk(*shape, ev->usage));
+          out += "data: [DONE]\n\n";
+          *finished = true;
+          if (!write(out)) return false;
+          sink.done();
+          return true;
+        }
+      },
+      [channel, finished](bool) {
+        if (!*finished) channel->cancel();
+      });
+}
+
+void HttpServer::Impl::slots_save(const httplib::Request& req, httplib::Response& res) {
+  json body = parse_body(req.body);
+  const std::string path = slot_path(body);
+  body.erase("filename");
+  body["max_tokens"] = 1;
+  body["stream"] = false;
+  const bool chat = body.is_object() && body.contains("messages");
+  const CompletionRequest r = chat ? parse_chat_request(body, defaults.limits) : parse_completion_request(body, defaults.limits);
+  const std::string id = new_id("save-");
+  std::unique_ptr<Job> job = prepare_job(r, *model, engine->n_ctx(), defaults, *presses, tenant_of(req), id);
+  const std::string key = job->press_key;
+  const std::string settings = press_settings_key(job->has_press, job->press_options);
+  const std::vector<int32_t> prompt = job->prompt;
+  auto channel = job->channel;
+  scheduler->submit(std::move(job));
+  for (;;) {  // the prompt is compressed (or found) by a one-token request, which caches it
+    auto ev = channel->pop(std::chrono::milliseconds(500));
+    if (!ev) continue;
+    if (ev->kind == StreamEvent::Kind::Error) throw *ev->error;
+    if (ev->kind == StreamEvent::Kind::Finish) break;
+  }
+  json out;
+  scheduler->run_on_loop([&] {
+    PrefixCache::Entry* e = scheduler->prefix_cache().find_exact(key, prompt);
+    if (!e) throw invalid_request("the compressed prompt could not be kept (prefix cache disabled or too small: --prefix-cache)");
+    CacheFileMeta meta;
+    meta.press = settings;
+    meta.tokens = prompt;
+    meta.logits.assign(e->seq->logits(), e->seq->logits() + model->config().n_vocab);
+    try {
+      save_cache_file(path, *model, e->seq->cache(), meta);
+    } catch (const Error& err) {
+      throw ApiError(500, "server_error", err.what());
+    }
+    const KvCache& c = e->seq->cache();
+    out = {{"filename", std::filesystem::path(path).filename().string()}, {"n_tokens", prompt.size()},
+           {"n_bytes", std::filesystem::file_size(path)}, {"kv_bytes", c.bytes_resident()}, {"kv_bytes_full", c.bytes_full()},
+           {"evicted_fraction", c.evicted_fraction()}, {"press", settings}};
+  });
+  log(req, 200, "saved " + path);
+  send_json(res, 200, out);
+}
+
+void HttpServer::Impl::slots_restore(const httplib::Request& req, httplib::Response& res) {
+  const json body = parse_body(req.body);
+  const std::string path = slot_path(body);
+  if (!std::filesystem::is_regular_file(path)) throw ApiError(404, "not_found_error", "no slot file named '" + std::filesystem::path(path).filename().string() + "'");
+  const int tenant = tenant_of(req);
+  json out;
+  scheduler->run_on_loop([&] {
+    std::unique_ptr<Sequence> seq = engine->new_sequence();
+    CacheFileMeta meta;
+    try {
+      meta = load_cache_file(path, *model, seq->cache());
+    } catch (const KvBudgetExceeded& e) {
+      throw unavailable(e.what());
+    } catch (const Error& e) {
+      std::string m = e.what();  // "<path>: problem" -> "<file name>: problem" (the server's folder stays private)
+      if (m.rfind(path, 0) == 0) m = std::filesystem::path(path).filename().string() + m.substr(path.size());
+      throw invalid_request(m);
+    }
+    if ((int64_t)meta.tokens.size() >= engine->n_ctx())
+      throw invalid_request("the saved context (" + std::to_string(meta.tokens.size()) + " tokens) does not fit the server's context of " +
+                            std::to_string(engine->n_ctx()) + " tokens");
+    if (meta.logits.size() == (size_t)model->config().n_vocab) std::copy(meta.logits.begin(), meta.logits.end(), seq->mutable_logits());
+    const KvCache& c = seq->cache();
+    out = {{"filename", std::filesystem::path(path).filename().string()}, {"n_tokens", meta.tokens.size()}, {"press", meta.press},
+           {"kv_bytes", c.bytes_resident()}, {"kv_bytes_full", c.bytes_full()}, {"evicted_fraction", c.evicted_fraction()}};
+    if (!scheduler->prefix_cache().insert(meta.press + "|tenant=" + std::to_string(tenant), meta.tokens, std::move(seq)))
+      throw invalid_request("the saved context is larger than the prefix cache budget (--prefix-cache)");
+  });
+  log(req, 200, "restored " + path);
+  send_json(res, 200, out);
+}
+
+void HttpServer::Impl::routes() {
+  http.set_payload_max_length(opt.max_body_bytes);
+  http.set_read_timeout(30);
+  http.set_write_timeout(30);
+  http.new_task_queue = [n = opt.threads] { return new httplib::ThreadPool((size_t)n); };
+
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (req.path == "/health" || req.path == "/v1/health") return httplib::Server::HandlerResponse::Unhandled;
+    if (!ready.load()) {
+      send_error(res, unavailable("Loading model"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (opt.keys.enabled() && tenant_of(req) < 0) {
+      metrics.requests_rejected_total++;
+      log(req, 401, "invalid or missing API key");
+      send_error(res, ApiError(401, "authentication_error", "Invalid API Key: send it as 'Authorization: Bearer KEY' or 'X-Api-Key: KEY'"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    if (res.status == 413) {
+      log(req, 413, "body too large");
+      send_error(res, ApiError(413, "invalid_request_error", "the request body is larger than the limit of " + std::to_string(opt.max_body_bytes) + " bytes"));
+    } else if (res.status == 404) {
+      send_error(res, ApiError(404, "not_found_error", "no route " + req.method + " " + req.path));
+    } else {
+      send_error(res, ApiError(res.status, "invalid_request_error", "the request could not be handled (HTTP " + std::to_string(res.status) + ")"));
+    }
+  });
+  http.set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr) {
+    log(req, 500, "unhandled exception");
+    send_error(res, ApiError(500, "server_error", "internal error"));
+  });
+
+  auto health = [this](const httplib::Request&, httplib::Response& res) {
+    if (!ready.load()) return send_error(res, unavailable("Loading model"));
+    send_json(res, 200, {{"status", "ok"}});
+  };
+  http.Get("/health", health);
+  http.Get("/v1/health", health);
+
+  auto models = guarded([this](const httplib::Request&, httplib::Response& res) {
+    const ModelConfig& c = model->config();
+    json m = {{"id", opt.model_id}, {"object", "model"}, {"created", (int64_t)started}, {"owned_by", "kvzap"},
+              {"meta", {{"arch", c.arch}, {"n_ctx", engine->n_ctx()}, {"n_ctx_train", c.n_ctx_train}, {"n_vocab", c.n_vocab},
+                        {"n_layer", c.n_layer}, {"n_head_kv", c.n_head_kv}, {"kv_budget_bytes", engine->pages().budget_bytes()}}}};
+    send_json(res, 200, {{"object", "list"}, {"data", json::array({m})}});
+  });
+  http.Get("/v1/models", models);
+  http.Get("/models", models);
+
+  http.Get("/metrics", guarded([this](const httplib::Request&, httplib::Response& res) {
+    res.status = 200;
+    res.set_content(metrics.render(), "text/plain; version=0.0.4");
+  }));
+
+  auto chat = guarded([this](const httplib::Request& req, httplib::Response& res) { completion(req, res, Endpoint::Chat); });
+  auto cmpl = guarded([this](const httplib::Request& req, httplib::Response& res) { completion(req, res, Endpoint::Completion); });
+  http.Post("/v1/chat/completions", chat);
+  http.Post("/chat/completions", chat);
+  http.Post("/v1/completions", cmpl);
+  http.Post("/completions", cmpl);
+
+  http.Post("/tokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
+    const TokenizeRequest t = parse_tokenize_request(parse_body(req.body));
+    const Tokenizer& tok = model->tokenizer();
+    std::vector<int32_t> ids;
+    try {
+      ids = tok.encode(t.content, t.add_special && tok.vocab().add_bos, t.parse_special);
+    } catch (const Error& e) {
+      throw invalid_request(e.what());
+    }
+    json out = json::array();
+    for (int32_t id : ids) {
+      if (!t.with_pieces) {
+        out.push_back(id);
+        continue;
+      }
+      const std::string piece = tok.token_bytes(id);
+      if (is_valid_utf8(piece)) out.push_back({{"id", id}, {"piece", piece}});
+      else out.push_back({{"id", id}, {"piece", std::vector<uint8_t>(piece.begin(), piece.end())}});
+    }
+    send_json(res, 200, {{"tokens", out}});
+  }));
+  http.Post("/detokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
+    const std::vector<int32_t> ids = parse_detokenize_request(parse_body(req.body), model->config().n_vocab);
+    send_json(res, 200, {{"content", model->tokenizer().decode(ids)}});
+  }));
+  http.Post("/slots/save", guarded([this](const httplib::Request& req, httplib::Response& res) { slots_save(req, res); }));
+  http.Post("/slots/restore", guarded([this](const httplib::Request& req, httplib::Response& res) { slots_restore(req, res); }));
+}
+
+HttpServer::HttpServer(HttpOptions opt, Metrics& metrics) : impl_(std::make_unique<Impl>(std::move(opt), metrics)) { impl_->routes(); }
+HttpServer::~HttpServer() = default;
+
+bool HttpServer::bind() { return impl_->http.bind_to_port(impl_->opt.host, impl_->opt.port); }
+
+void HttpServer::attach(const Model& model, Engine& engine, Scheduler& scheduler, const ServerDefaults& defaults) {
+  impl_->model = &model;
+  impl_->engine = &engine;
+  impl_->scheduler = &scheduler;
+  impl_->defaults = defaults;
+  impl_->presses = std::make_unique<PressFactory>(model);
+  impl_->ready = true;
+}
+
+void HttpServer::listen() { impl_->http.listen_after_bind(); }
+void HttpServer::stop() { impl_->http.stop(); }
+
+}  // namespace kvzap::server

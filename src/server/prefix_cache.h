@@ -1,0 +1,48 @@
+// Compressed contexts kept for reuse: after a request's prompt is prefilled (and compressed by its press),
+// a copy-on-write fork of its sequence is kept under (press settings, tenant) with the prompt's tokens.
+// A later request whose prompt starts with those tokens forks the entry instead of prefilling again.
+// LRU within a byte budget; the pages count against the engine's KV budget like any sequence's, and the
+// scheduler drops entries first when the pool is short. Scheduler thread only.
+#pragma once
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace kvzap::server {
+
+class PrefixCache {
+ public:
+  struct Entry {
+    std::string key;              // press settings + tenant
+    std::vector<int32_t> tokens;  // the compressed context's token ids
+    std::unique_ptr<Sequence> seq;
+    int64_t bytes = 0;            // the entry's resident bytes when stored
+  };
+
+  explicit PrefixCache(int64_t budget_bytes) : budget_(budget_bytes) {}
+  int64_t budget_bytes() const { return budget_; }
+  int64_t bytes() const { return bytes_; }
+  size_t size() const { return entries_.size(); }
+
+  // The entry under `key` whose tokens are the longest prefix of `prompt` (marked most recently used),
+  // or null.
+  Entry* lookup(const std::string& key, const std::vector<int32_t>& prompt);
+  Entry* find_exact(const std::string& key, const std::vector<int32_t>& tokens);
+  // Stores a sequence (replacing an entry with the same key and tokens), then drops least recently used
+  // entries past the budget. An entry larger than the whole budget is not kept.
+  // Returns false when the entry was too large to keep.
+  bool insert(std::string key, std::vector<int32_t> tokens, std::unique_ptr<Sequence> seq);
+  // Drops the least recently used entry; false when empty.
+  bool evict_lru();
+  void clear() { entries_.clear(), bytes_ = 0; }
+
+ private:
+  int64_t budget_, bytes_ = 0;
+  std::list<Entry> entries_;  // front = most recently used
+};
+
+}  // namespace kvzap::server

@@ -1,0 +1,106 @@
+#include "server/prepare.h"
+
+#include <cstdio>
+#include <random>
+
+namespace kvzap::server {
+
+std::unique_ptr<Press> PressFactory::make(const PressOptions& o, const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = prototypes_.find(key);
+  if (it != prototypes_.end()) {
+    if (auto p = it->second->clone()) return p;
+  }
+  std::unique_ptr<Press> p;
+  try {
+    p = make_press(o, model_);
+  } catch (const Error& e) {
+    throw invalid_request(std::string("kv_compression: ") + e.what());
+  }
+  if (it == prototypes_.end()) {
+    if (auto proto = p->clone()) prototypes_.emplace(key, std::move(proto));
+  }
+  return p;
+}
+
+bool resolve_press(const std::optional<KvCompressionSpec>& spec, const ServerDefaults& d, PressOptions& out) {
+  if (!spec) {
+    out = d.press;
+    return d.has_press;
+  }
+  if (spec->press && *spec->press == "none") {
+    if (spec->threshold || spec->ratio || spec->window || spec->decoding)
+      throw invalid_request("kv_compression: press \"none\" takes no threshold, ratio, window or decoding");
+    return false;
+  }
+  if (spec->press && (!d.has_press || *spec->press != d.press.name)) {
+    out = PressOptions{};  // another press than the server's: only the request's settings apply
+    out.name = *spec->press;
+  } else if (d.has_press) {
+    out = d.press;
+  } else {
+    throw invalid_request("kv_compression.press is required: this server has no default press (--press)");
+  }
+  if (spec->threshold) {
+    out.has_threshold = true, out.threshold = *spec->threshold;
+    out.has_ratio = false;
+  }
+  if (spec->ratio) {
+    out.has_ratio = true, out.ratio = *spec->ratio;
+    out.has_threshold = false;
+  }
+  if (spec->window) out.window = *spec->window;
+  if (spec->decoding) out.decoding = *spec->decoding;
+  return true;
+}
+
+std::string press_settings_key(bool has_press, const PressOptions& o) {
+  if (!has_press) return "none";
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "%s|t=%d:%.17g|r=%d:%.17g|scope=%s|w=%d|dec=%d|sur=%s|seed=%llu", o.name.c_str(),
+                (int)o.has_threshold, o.threshold, (int)o.has_ratio, o.ratio, o.ratio_scope.c_str(), o.window,
+                (int)o.decoding, o.surrogate_dir.c_str(), (unsigned long long)o.seed);
+  return buf;
+}
+
+std::string press_label(bool has_press, const PressOptions& o) { return has_press ? o.name : "none"; }
+
+std::vector<int32_t> prompt_tokens(const CompletionRequest& r, const Tokenizer& tok) {
+  try {
+    if (r.endpoint == Endpoint::Chat)
+      return tok.encode(apply_chat_template(detect_chat_format(tok.vocab()), r.messages), false, true);
+    if (r.prompt_text) return tok.encode(*r.prompt_text, tok.vocab().add_bos, true);
+  } catch (const Error& e) {
+    throw invalid_request(e.what());
+  }
+  return r.prompt_ids;
+}
+
+std::unique_ptr<Job> prepare_job(const CompletionRequest& r, const Model& model, int64_t n_ctx, const ServerDefaults& d,
+                                 PressFactory& presses, int tenant, const std::string& id) {
+  auto job = std::make_unique<Job>();
+  job->id = id;
+  job->prompt = prompt_tokens(r, model.tokenizer());
+  const int64_t n = (int64_t)job->prompt.size();
+  if (n == 0) throw invalid_request("the prompt is empty");
+  if (n >= n_ctx)
+    throw ApiError(400, "exceed_context_size_error",
+                   "request (" + std::to_string(n) + " tokens) exceeds the available context size (" + std::to_string(n_ctx) +
+                       " tokens), try increasing it (-c)",
+                   {{"n_prompt_tokens", n}, {"n_ctx", n_ctx}});
+  job->gen.max_new_tokens = r.max_tokens;
+  job->gen.sampling = r.sampling;
+  if (!r.has_seed) job->gen.sampling.seed = std::random_device{}() * 0x100000001ull + std::random_device{}();
+  job->gen.stop = r.stop;
+  job->has_press = resolve_press(r.kv_compression, d, job->press_options);
+  const std::string settings = press_settings_key(job->has_press, job->press_options);
+  if (job->has_press) job->first_press = presses.make(job->press_options, settings);
+  job->press_label = press_label(job->has_press, job->press_options);
+  job->press_key = settings + "|tenant=" + std::to_string(tenant);
+  job->channel = std::make_shared<RequestChannel>();
+  if (d.request_timeout_s > 0)
+    job->deadline = job->arrival + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(d.request_timeout_s));
+  return job;
+}
+
+}  // namespace kvzap::server

@@ -1,0 +1,49 @@
+// From a parsed request to a Job: chat template, tokenizing, the context-length check, the press
+// (server default overridden by the request's kv_compression, validated by make_press) and the
+// prefix-cache key. Runs on HTTP threads: it only reads the model.
+#pragma once
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "model/model.h"
+#include "server/job.h"
+#include "server/request.h"
+
+namespace kvzap::server {
+
+struct ServerDefaults {
+  bool has_press = false;
+  PressOptions press;               // the server's --press settings
+  RequestLimits limits;
+  double request_timeout_s = 600;   // per-request time limit
+};
+
+// Makes presses, cloning a prototype per settings so surrogate weights load once. Thread-safe.
+class PressFactory {
+ public:
+  explicit PressFactory(const Model& model) : model_(model) {}
+  // Throws ApiError 400 with make_press's message for unknown presses or bad settings.
+  std::unique_ptr<Press> make(const PressOptions& o, const std::string& key);
+
+ private:
+  const Model& model_;
+  std::mutex mu_;
+  std::map<std::string, std::unique_ptr<Press>> prototypes_;
+};
+
+// The effective press for a request: none, the server default, or the request's kv_compression on top.
+// Returns false for "no press". Throws ApiError on inconsistent settings.
+bool resolve_press(const std::optional<KvCompressionSpec>& spec, const ServerDefaults& d, PressOptions& out);
+// A canonical text of the settings, for prefix reuse ("none" without a press).
+std::string press_settings_key(bool has_press, const PressOptions& o);
+
+// The prompt's token ids, as `kvzap generate` builds them: chat -> the model's template (parsing
+// special tokens); completion text -> raw text with BOS per the model; completion ids -> as given.
+std::vector<int32_t> prompt_tokens(const CompletionRequest& r, const Tokenizer& tok);
+
+std::unique_ptr<Job> prepare_job(const CompletionRequest& r, const Model& model, int64_t n_ctx, const ServerDefaults& d,
+                                 PressFactory& presses, int tenant, const std::string& id);
+
+}  // namespace kvzap::server

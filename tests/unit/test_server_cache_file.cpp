@@ -1,0 +1,175 @@
+// Saved compressed caches (src/cache/cache_file.h): a pruned cache round-trips exactly (entries,
+// positions, n_past, tokens, logits); a truncated, corrupt, other-version or foreign-model file is
+// refused with a one-line error and leaves nothing behind.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "cache/cache_file.h"
+#include "common/sha256.h"
+#include "kvzap/error.h"
+#include "model/model.h"
+#include "test_support.h"
+
+namespace {
+
+using namespace kvzap;
+
+class CacheFile : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string path = test::default_model_path();
+    if (std::filesystem::exists(path)) model_ = Model::load(path).release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+  void SetUp() override {
+    if (!model_) GTEST_SKIP() << "default model not downloaded (kvzap pull)";
+    dir_ = std::filesystem::temp_directory_path() / ("kvzap_cache_file_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  // A cache of n tokens with every third entry of head 0 evicted in every layer.
+  std::unique_ptr<KvCache> make_cache(int n) {
+    const ModelConfig& c = model_->config();
+    auto cache = std::make_unique<KvCache>(c.n_layer, c.n_head_kv, c.head_dim);
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> u(-2, 2);
+    std::vector<float> k((size_t)n * c.n_head_kv * c.head_dim), v(k.size());  // [n][H][D]
+    std::vector<int32_t> pos(n);
+    for (int i = 0; i < n; i++) pos[i] = i;
+    for (int l = 0; l < c.n_layer; l++) {
+      for (auto& x : k) x = u(rng);
+      for (auto& x : v) x = u(rng);
+      cache->append_layer(l, n, k.data(), v.data(), pos.data());
+      std::vector<uint8_t> drop((size_t)n, 0);
+      for (int i = 0; i < n; i += 3) drop[i] = 1;
+      cache->evict(l, 0, drop);
+    }
+    cache->set_n_past(n);
+    return cache;
+  }
+
+  CacheFileMeta meta(int n) {
+    CacheFileMeta m;
+    m.press = "kvzap-mlp|t=1:-4";
+    for (int i = 0; i < n; i++) m.tokens.push_back(i % 100 + 1);
+    m.logits.assign(model_->config().n_vocab, 0.5f);
+    m.logits[3] = 9;
+    return m;
+  }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  std::string read(const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  void write(const std::string& p, const std::string& data) {
+    std::ofstream out(p, std::ios::binary | std::ios::trunc);
+    out.write(data.data(), (std::streamsize)data.size());
+  }
+  // Rewrites the header checksum after a deliberate header change (so a later check is what fails).
+  static void reseal_header(std::string& data) {
+    const size_t used = 8 + 4 + 4 + 32 + 4 * 4 + 8 + 8 + 4 + 4 + 8 + 32;
+    const std::string hex = sha256_hex(data.data(), used);
+    for (size_t i = 0; i < 8; i++) data[used + i] = (char)std::stoi(hex.substr(2 * i, 2), nullptr, 16);
+  }
+
+  void expect_refused(const std::string& p, const std::string& fragment) {
+    const ModelConfig& c = model_->config();
+    KvCache fresh(c.n_layer, c.n_head_kv, c.head_dim);
+    try {
+      load_cache_file(p, *model_, fresh);
+      FAIL() << "accepted " << p;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+    }
+    EXPECT_EQ(fresh.n_past(), 0);
+    EXPECT_EQ(fresh.entries_kept(), 0);
+  }
+
+  static Model* model_;
+  std::filesystem::path dir_;
+};
+
+Model* CacheFile::model_ = nullptr;
+
+TEST_F(CacheFile, RoundTripIsExact) {
+  const int n = 37;
+  auto cache = make_cache(n);
+  save_cache_file(path("a.kvc"), *model_, *cache, meta(n));
+  const ModelConfig& c = model_->config();
+  KvCache back(c.n_layer, c.n_head_kv, c.head_dim);
+  CacheFileMeta m = load_cache_file(path("a.kvc"), *model_, back);
+  EXPECT_EQ(m.press, meta(n).press);
+  EXPECT_EQ(m.tokens, meta(n).tokens);
+  EXPECT_EQ(m.logits, meta(n).logits);
+  EXPECT_EQ(back.n_past(), n);
+  EXPECT_EQ(back.entries_kept(), cache->entries_kept());
+  EXPECT_DOUBLE_EQ(back.evicted_fraction(), cache->evicted_fraction());
+  for (int l = 0; l < c.n_layer; l++)
+    for (int h = 0; h < c.n_head_kv; h++) {
+      ASSERT_EQ(back.length(l, h), cache->length(l, h));
+      for (int64_t i = 0; i < back.length(l, h); i++) {
+        ASSERT_EQ(back.position_at(l, h, i), cache->position_at(l, h, i));
+        ASSERT_EQ(std::memcmp(back.key_at(l, h, i), cache->key_at(l, h, i), c.head_dim * 2), 0);
+        ASSERT_EQ(std::memcmp(back.value_at(l, h, i), cache->value_at(l, h, i), c.head_dim * 2), 0);
+      }
+    }
+  EXPECT_FALSE(std::filesystem::exists(path("a.kvc.partial")));
+}
+
+TEST_F(CacheFile, BadFilesAreRefused) {
+  auto cache = make_cache(20);
+  save_cache_file(path("good.kvc"), *model_, *cache, meta(20));
+  const std::string good = read(path("good.kvc"));
+
+  write(path("empty.kvc"), "");
+  expect_refused(path("empty.kvc"), "truncated");
+  write(path("short.kvc"), good.substr(0, 100));
+  expect_refused(path("short.kvc"), "truncated");
+  write(path("cut.kvc"), good.substr(0, good.size() - 10));
+  expect_refused(path("cut.kvc"), "truncated");
+  write(path("magic.kvc"), "NOTACACHE" + good.substr(9));
+  expect_refused(path("magic.kvc"), "not a kvzap cache file");
+
+  std::string version = good;
+  version[8] = 99;
+  write(path("version.kvc"), version);
+  expect_refused(path("version.kvc"), "unsupported cache file version 99");
+
+  std::string header = good;
+  header[60] ^= 1;  // n_vocab, without resealing
+  write(path("header.kvc"), header);
+  expect_refused(path("header.kvc"), "header checksum");
+
+  std::string foreign = good;
+  foreign[16] ^= 0x55;  // the model fingerprint
+  reseal_header(foreign);
+  write(path("foreign.kvc"), foreign);
+  expect_refused(path("foreign.kvc"), "another model");
+
+  std::string corrupt = good;
+  corrupt[corrupt.size() - 5] ^= 0x10;
+  write(path("corrupt.kvc"), corrupt);
+  expect_refused(path("corrupt.kvc"), "checksum");
+
+  expect_refused(path("missing.kvc"), "cannot open");
+}
+
+TEST_F(CacheFile, FingerprintIsStable) {
+  EXPECT_EQ(model_fingerprint(*model_), model_fingerprint(*model_));
+  EXPECT_EQ(model_fingerprint(*model_).size(), 64u);
+}
+
+}  // namespace
