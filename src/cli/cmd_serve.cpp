@@ -142,7 +142,9 @@ int run_serve(const ServeArgs& a) {
     server::SchedulerOptions so;
     so.parallel = a.parallel;
     so.max_queue = a.max_queue;
-    so.prefix_cache_bytes = a.prefix_cache.empty() ? engine.pages().budget_bytes() / 4 : parse_byte_size(a.prefix_cache);
+    if (a.prefix_cache.empty()) so.prefix_cache_bytes = engine.pages().budget_bytes() / 4;
+    else if (a.prefix_cache == "0" || a.prefix_cache == "off") so.prefix_cache_bytes = 0;
+    else so.prefix_cache_bytes = parse_byte_size(a.prefix_cache);
     server::Scheduler scheduler(engine, so, metrics);
     http.attach(*model, engine, scheduler, d);
     watcher.set_scheduler(&scheduler);

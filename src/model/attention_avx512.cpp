@@ -28,44 +28,29 @@ inline __m512 reduce16(const __m512* a) {
 }  // namespace
 
 // scores[r][j0 + j] = q_r . k_j for the visible keys of one page (head_dim = 16 * nc, nc <= 8).
+// Every score goes through the same 16-lane reduction whatever the page's fill and the other rows of
+// the block, so a row's result does not depend on which rows share its block (batched = alone).
 void attention_scores_page(const float* q, int64_t q_stride, int rows, const int64_t* visible, const uint16_t* keys,
                            int64_t j0, int64_t nj, int d, float* scores, int64_t s_stride) {
   const int nc = d / 16;
-  if (nj == 16) {
-    // A whole page: convert its keys once, then 16 dot products per row reduced together.
-    alignas(64) float kf[16 * 128];
-    for (int i = 0; i < 16 * nc; i++)
-      _mm512_store_ps(kf + 16 * i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(keys + 16 * i))));
-    for (int r = 0; r < rows; r++) {
-      const int64_t jmax = std::min<int64_t>(16, visible[r] - j0);
-      if (jmax <= 0) continue;
-      const float* qr = q + r * q_stride;
-      __m512 qv[8];
-      for (int c = 0; c < nc; c++) qv[c] = _mm512_loadu_ps(qr + 16 * c);
-      __m512 acc[16];
-      for (int j = 0; j < 16; j++) {
-        const float* kj = kf + j * d;
-        acc[j] = _mm512_mul_ps(qv[0], _mm512_load_ps(kj));
-        for (int c = 1; c < nc; c++) acc[j] = _mm512_fmadd_ps(qv[c], _mm512_load_ps(kj + 16 * c), acc[j]);
-      }
-      _mm512_mask_storeu_ps(scores + r * s_stride + j0, (__mmask16)((1u << jmax) - 1), reduce16(acc));
+  // Convert the page's keys once (unfilled slots are zeros, never read from the page).
+  alignas(64) float kf[16 * 128];
+  for (int i = 0; i < (int)nj * nc; i++)
+    _mm512_store_ps(kf + 16 * i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(keys + 16 * i))));
+  for (int i = (int)nj * nc; i < 16 * nc; i++) _mm512_store_ps(kf + 16 * i, _mm512_setzero_ps());
+  for (int r = 0; r < rows; r++) {
+    const int64_t jmax = std::min<int64_t>(nj, visible[r] - j0);
+    if (jmax <= 0) continue;
+    const float* qr = q + r * q_stride;
+    __m512 qv[8];
+    for (int c = 0; c < nc; c++) qv[c] = _mm512_loadu_ps(qr + 16 * c);
+    __m512 acc[16];
+    for (int j = 0; j < 16; j++) {
+      const float* kj = kf + j * d;
+      acc[j] = _mm512_mul_ps(qv[0], _mm512_load_ps(kj));
+      for (int c = 1; c < nc; c++) acc[j] = _mm512_fmadd_ps(qv[c], _mm512_load_ps(kj + 16 * c), acc[j]);
     }
-    return;
-  }
-  int64_t max_vis = 0;
-  for (int r = 0; r < rows; r++) max_vis = std::max(max_vis, visible[r]);
-  const int64_t jend = std::min<int64_t>(nj, max_vis - j0);
-  for (int64_t j = 0; j < jend; j++) {
-    __m512 k[8];
-    const uint16_t* kj = keys + j * d;
-    for (int c = 0; c < nc; c++) k[c] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(kj + 16 * c)));
-    for (int r = 0; r < rows; r++) {
-      if (j0 + j >= visible[r]) continue;
-      const float* qr = q + r * q_stride;
-      __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qr), k[0]);
-      for (int c = 1; c < nc; c++) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16 * c), k[c], acc);
-      scores[r * s_stride + j0 + j] = _mm512_reduce_add_ps(acc);
-    }
+    _mm512_mask_storeu_ps(scores + r * s_stride + j0, (__mmask16)((1u << jmax) - 1), reduce16(acc));
   }
 }
 

@@ -15,23 +15,26 @@ class ThreadPool;
 
 // kvpress DMSPress semantics with real eviction. Per layer, a window buffer holds the scores of the
 // most recent tokens; when tokens leave it (buffer longer than `window`), every (head, token) among
-// them whose score < threshold (strict) is evicted from the cache at once.
+// them whose score < threshold (strict) is evicted from the cache — at once while decoding, at the end
+// of the context while prefilling one.
 class ThresholdPress : public Press {
  public:
   ThresholdPress(std::unique_ptr<Scorer> scorer, const PressOptions& opt);
 
   std::string name() const override;
   void begin_context(ContextRunner& runner) override { start_context(); }
-  void end_context(ContextView& ctx) override { finish_context(); }
+  void end_context(ContextView& ctx) override { finish_context(ctx.cache); }
   bool prunes_decoding() const override { return decoding_; }
   void after_attention(const LayerStep& step, KvCache& cache) override;
   // A copy of the window buffers (per-step scorers are stateless between steps: shared).
   std::unique_ptr<Press> clone() const override { return std::make_unique<ThresholdPress>(*this); }
 
   // Every step between these two is judged, whatever its size (a context prefilled in several
-  // steps is judged completely even without `decoding`).
+  // steps is judged completely even without `decoding`). Inside a context nothing is evicted until
+  // finish_context: every context token attends to the whole context, as in a one-step prefill, so a
+  // context prefilled in chunks (sharing steps with other sequences) is pruned exactly like one step.
   void start_context();
-  void finish_context() { in_context_ = false; }
+  void finish_context(KvCache& cache);
   // Entries this press removed since it was made (all layers and heads).
   int64_t n_evicted() const { return n_evicted_; }
 
@@ -45,6 +48,7 @@ class ThresholdPress : public Press {
     void drop_front(size_t n);
   };
   void evict_leaving(int layer, size_t n_leave, KvCache& cache);
+  void evict_overflow(int layer, KvCache& cache);  // judges the tokens beyond the window
 
   std::shared_ptr<Scorer> scorer_;
   std::string scorer_name_;

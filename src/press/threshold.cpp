@@ -77,10 +77,21 @@ void ThresholdPress::after_attention(const LayerStep& step, KvCache& cache) {
     win.score[(size_t)h].insert(win.score[(size_t)h].end(), s, s + n);
   }
 
+  if (in_context_) return;  // judged at finish_context
+  evict_overflow(step.layer, cache);
+}
+
+void ThresholdPress::evict_overflow(int layer, KvCache& cache) {
+  Window& win = windows_[(size_t)layer];
   if (win.pos.size() <= (size_t)window_) return;
   const size_t n_leave = win.pos.size() - (size_t)window_;
-  evict_leaving(step.layer, n_leave, cache);
+  evict_leaving(layer, n_leave, cache);
   win.drop_front(n_leave);
+}
+
+void ThresholdPress::finish_context(KvCache& cache) {
+  in_context_ = false;
+  for (int l = 0; l < (int)windows_.size(); l++) evict_overflow(l, cache);
 }
 
 // Evicts, per head, the first n_leave buffered tokens whose score < threshold: one evict() per head.

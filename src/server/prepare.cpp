@@ -92,6 +92,7 @@ std::unique_ptr<Job> prepare_job(const CompletionRequest& r, const Model& model,
   job->gen.sampling = r.sampling;
   if (!r.has_seed) job->gen.sampling.seed = std::random_device{}() * 0x100000001ull + std::random_device{}();
   job->gen.stop = r.stop;
+  job->gen.stop_at_eog = !r.ignore_eos;
   job->has_press = resolve_press(r.kv_compression, d, job->press_options);
   const std::string settings = press_settings_key(job->has_press, job->press_options);
   if (job->has_press) job->first_press = presses.make(job->press_options, settings);

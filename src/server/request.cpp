@@ -130,6 +130,7 @@ void parse_common(const json& body, const RequestLimits& limits, CompletionReque
         throw invalid_request("a 'stop' string is " + std::to_string(s.size()) + " bytes; at most " + std::to_string(limits.max_stop_bytes) + " are allowed");
     }
   }
+  if (const json* v = find(body, "ignore_eos"); v && !v->is_null()) r.ignore_eos = get_bool(*v, "ignore_eos");
   if (const json* v = find(body, "stream"); v && !v->is_null()) r.stream = get_bool(*v, "stream");
   if (const json* v = find(body, "stream_options"); v && !v->is_null()) {
     if (!v->is_object()) wrong_type("stream_options", "an object", *v);

@@ -45,6 +45,7 @@ struct CompletionRequest {
   SamplerOptions sampling;
   bool has_seed = false;
   std::vector<std::string> stop;
+  bool ignore_eos = false;  // llama.cpp's extension: generate past end-of-generation tokens (benchmarks)
   bool stream = false;
   bool include_usage = false;
   std::optional<KvCompressionSpec> kv_compression;

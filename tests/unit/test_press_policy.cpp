@@ -116,7 +116,7 @@ TEST(ThresholdPolicy, PrefillWithinWindowEvictsNothingBeyondItJudgesExactlyTheOv
   KvCache cache(kL, kH, kD);
   t.press->start_context();
   step(cache, *t.press, 128);
-  t.press->finish_context();
+  t.press->finish_context(cache);
   EXPECT_EQ(cache.entries_kept(), (int64_t)kL * kH * 128);
   EXPECT_EQ(t.press->n_evicted(), 0);
 
@@ -124,7 +124,7 @@ TEST(ThresholdPolicy, PrefillWithinWindowEvictsNothingBeyondItJudgesExactlyTheOv
   cache.clear();
   t.press->start_context();
   step(cache, *t.press, 133);
-  t.press->finish_context();
+  t.press->finish_context(cache);
   for (int l = 0; l < kL; l++)
     for (int h = 0; h < kH; h++) EXPECT_EQ(kept(cache, l, h), range(5, 133)) << l << " " << h;
   EXPECT_EQ(t.press->n_evicted(), (int64_t)kL * kH * 5);
@@ -137,6 +137,7 @@ TEST(ThresholdPolicy, StrictLessThanKeepsScoresEqualToTheThreshold) {
   KvCache cache(kL, kH, kD);
   t.press->start_context();
   step(cache, *t.press, 20);
+  t.press->finish_context(cache);
   std::vector<int32_t> even;
   for (int32_t p = 0; p < 20; p += 2) even.push_back(p);
   for (int l = 0; l < kL; l++)
@@ -149,6 +150,7 @@ TEST(ThresholdPolicy, EachLayerAndHeadIsJudgedOnItsOwnScores) {
   KvCache cache(kL, kH, kD);
   t.press->start_context();
   step(cache, *t.press, 30);
+  t.press->finish_context(cache);
   for (int l = 0; l < kL; l++)
     for (int h = 0; h < kH; h++) {
       EXPECT_EQ(kept(cache, l, h), expected_threshold_kept(fn, l, h, 30, 30, 6, 0.0)) << l << " " << h;
@@ -162,7 +164,7 @@ TEST(ThresholdPolicy, DecodingOffLeavesQuestionAndAnswerAlone) {
   KvCache cache(kL, kH, kD);
   t.press->start_context();
   step(cache, *t.press, 10);
-  t.press->finish_context();
+  t.press->finish_context(cache);
   EXPECT_FALSE(t.press->prunes_decoding());
   const int calls = t.scorer->calls;
   for (int i = 0; i < 5; i++) step(cache, *t.press, 1);
@@ -181,7 +183,7 @@ TEST(ThresholdPolicy, DecodingOnEvictsTheTokenLeavingTheWindowAtEachStep) {
   KvCache cache(kL, kH, kD);
   t.press->start_context();
   step(cache, *t.press, 10);
-  t.press->finish_context();
+  t.press->finish_context(cache);
   for (int32_t n_past = 11; n_past <= 20; n_past++) {
     step(cache, *t.press, 1);
     for (int l = 0; l < kL; l++)
@@ -203,10 +205,10 @@ TEST(ThresholdPolicy, ContextInSeveralStepsIsJudgedLikeOneStep) {
     KvCache a(kL, kH, kD), b(kL, kH, kD);
     one.press->start_context();
     step(a, *one.press, 16);
-    one.press->finish_context();
+    one.press->finish_context(a);
     many.press->start_context();
     for (int n : {3, 5, 1, 7}) step(b, *many.press, n);
-    many.press->finish_context();
+    many.press->finish_context(b);
     for (int l = 0; l < kL; l++)
       for (int h = 0; h < kH; h++) {
         EXPECT_EQ(kept(a, l, h), expected_threshold_kept(fn, l, h, 16, 16, W, 0.0));
@@ -241,7 +243,7 @@ TEST(ThresholdPolicy, EvictedFractionAfterPrefillAndDecoding) {
   KvCache cache(kL, kH, kD);
   t.press->start_context();
   step(cache, *t.press, T);
-  t.press->finish_context();
+  t.press->finish_context(cache);
   EXPECT_DOUBLE_EQ(cache.evicted_fraction(), (double)(kH * (T - W)) / (kH * T) / kL);
   EXPECT_EQ(t.press->n_evicted(), kH * (T - W));
   for (int m = 1; m <= 6; m++) {
@@ -259,7 +261,7 @@ TEST(ThresholdPolicy, MinusInfinityThresholdEvictsNothing) {
   KvCache cache(kL, kH, kD);
   t.press->start_context();
   step(cache, *t.press, 40);
-  t.press->finish_context();
+  t.press->finish_context(cache);
   for (int i = 0; i < 5; i++) step(cache, *t.press, 1);
   EXPECT_EQ(cache.entries_kept(), (int64_t)kL * kH * 45);
   EXPECT_EQ(t.press->n_evicted(), 0);
@@ -274,7 +276,7 @@ TEST(ThresholdPolicy, TruncatedTokensDoNotJudgeTheTokensThatReplaceThem) {
   KvCache cache(kL, kH, kD);
   t.press->start_context();
   step(cache, *t.press, 10);
-  t.press->finish_context();
+  t.press->finish_context(cache);
   step(cache, *t.press, 3);  // question 1: positions 10..12, still inside the window
   cache.truncate(10);
   t.scorer->fn = [](int, int, int32_t) { return 1.0f; };
