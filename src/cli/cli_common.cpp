@@ -25,7 +25,7 @@ SessionOptions ModelArgs::session_options() const {
   return o;
 }
 
-void PressArgs::add_to(CLI::App& sub) {
+void PressArgs::add_to(CLI::App& sub, bool with_surrogate) {
   sub.add_option("--press", name, "KV-cache press (see `kvzap presses`)");
   threshold_opt = sub.add_option("--threshold", threshold, "evict pairs scoring below T (per-token presses)");
   ratio_opt = sub.add_option("--ratio", ratio, "evict this fraction of the context's KV pairs")->check(CLI::Range(0.0, 1.0));
@@ -33,7 +33,7 @@ void PressArgs::add_to(CLI::App& sub) {
       ->check(CLI::IsMember({"global", "layer", "head", "adakv"}));
   sub.add_option("--window", window, "threshold presses never judge the most recent W tokens")->check(CLI::Range(0, 1 << 20));
   sub.add_flag("--decode-press", decoding, "keep pruning question and generated tokens (threshold presses)");
-  sub.add_option("--surrogate", surrogate, "KVzap surrogate folder (kvpress format)");
+  if (with_surrogate) sub.add_option("--surrogate", surrogate, "KVzap surrogate folder (kvpress format)");
   sub.add_option("--press-seed", seed, "seed of the random press");
 }
 

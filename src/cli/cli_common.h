@@ -35,7 +35,8 @@ struct PressArgs {
   CLI::Option* threshold_opt = nullptr;
   CLI::Option* ratio_opt = nullptr;
 
-  void add_to(CLI::App& sub);
+  // with_surrogate: also --surrogate (bench uses that name for its own option).
+  void add_to(CLI::App& sub, bool with_surrogate = true);
   std::unique_ptr<Press> make(const Model& model) const;  // nullptr without --press
 };
 

@@ -3,6 +3,9 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <vector>
+
+#include "engine/engine.h"
 
 #include "cli/cli_common.h"
 #include "kernels/matmul.h"
@@ -18,6 +21,11 @@ struct BenchArgs {
   bool json = false;
   std::vector<double> keep;               // decode speed with the cache cut to these fractions
   std::vector<std::string> surrogates;    // scorer overhead of these surrogate folders
+  std::vector<int> parallel;              // aggregate throughput with this many concurrent sequences
+  bool capacity = false;                  // how many sequences fit a KV budget (with --press or not)
+  std::string kv_budget;                  // --kv-budget for --capacity
+  int max_sequences = 256;
+  PressArgs press;
 };
 
 // Keeps `keep` of every stream's entries, evenly spread (first and last kept): a stand-in for a press
@@ -37,8 +45,181 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// A deterministic pseudo-text prompt: ordinary token ids, no special tokens; `salt` makes it distinct.
+std::vector<int32_t> bench_prompt(int64_t n, int V, uint64_t salt) {
+  std::vector<int32_t> prompt((size_t)n);
+  uint64_t x = 12345 + salt * 0x9E3779B97F4A7C15ull;
+  for (auto& id : prompt) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    id = (int32_t)(100 + (x >> 33) % (uint64_t)(V - 200));
+  }
+  return prompt;
+}
+
+// Prefills B distinct prompts in steps of at most n_batch tokens (whole prompts or chunks, several
+// sequences per step), then decodes one token per sequence per step: llama-batched-bench's shapes.
+nlohmann::json parallel_run(const Model& model, const BenchArgs& a, int B) {
+  const int V = model.config().n_vocab;
+  EngineOptions eo;
+  eo.n_threads = a.m.threads;
+  eo.n_ctx = a.prefill + a.decode + 8;
+  eo.n_batch = a.m.batch > 0 ? a.m.batch : std::max<int64_t>(512, a.prefill);
+  eo.kv_budget_bytes = (int64_t)B * (int64_t)model.config().n_layer * model.config().n_head_kv *
+                       ((eo.n_ctx + 15) / 16 + 1) * KvCache::page_bytes_for(model.config().head_dim);
+  Engine engine(model, eo);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int b = 0; b < B; b++) prompts.push_back(bench_prompt(a.prefill, V, (uint64_t)b));
+  double best_pp = 1e30, best_tg = 1e30;
+  int64_t peak = 0;
+  for (int r = 0; r < a.reps; r++) {
+    std::vector<std::unique_ptr<Sequence>> seqs;
+    for (int b = 0; b < B; b++) seqs.push_back(engine.new_sequence());
+    std::vector<int64_t> fed((size_t)B, 0);
+    std::vector<Segment> segs;
+    auto t0 = std::chrono::steady_clock::now();
+    for (int next = 0; next < B;) {
+      segs.clear();
+      int64_t room = engine.n_batch();
+      for (int b = next; b < B && room > 0; b++) {
+        const int64_t m = std::min(room, a.prefill - fed[b]);
+        Segment g;
+        g.seq = seqs[b].get();
+        g.tokens = prompts[b].data() + fed[b];
+        g.n = m;
+        g.logits = fed[b] + m == a.prefill ? LogitsMode::Last : LogitsMode::None;
+        segs.push_back(g);
+        room -= m;
+      }
+      engine.step(segs);
+      for (const Segment& g : segs) {
+        if (g.status != SegmentStatus::Ok) throw Error("internal: the benchmark's KV budget is too small");
+        const int b = (int)(std::find_if(seqs.begin(), seqs.end(), [&](auto& q) { return q.get() == g.seq; }) - seqs.begin());
+        fed[b] += g.n;
+        if (fed[b] == a.prefill) next = b + 1;
+      }
+    }
+    best_pp = std::min(best_pp, seconds_since(t0));
+    std::vector<int32_t> ids((size_t)B);
+    segs.assign((size_t)B, Segment{});
+    t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < a.decode; i++) {
+      for (int b = 0; b < B; b++) {
+        ids[b] = Sampler::argmax(seqs[b]->logits(), V);
+        segs[b] = Segment{};
+        segs[b].seq = seqs[b].get();
+        segs[b].tokens = &ids[b];
+        segs[b].n = 1;
+      }
+      engine.step(segs);
+    }
+    best_tg = std::min(best_tg, seconds_since(t0));
+    peak = std::max(peak, engine.pages().peak_bytes());
+  }
+  const int64_t pp_tokens = (int64_t)B * a.prefill, tg_tokens = (int64_t)B * a.decode;
+  return {{"parallel", B},          {"prefill_tokens", pp_tokens},      {"prefill_seconds", best_pp},
+          {"prefill_tok_s", pp_tokens / best_pp}, {"decode_tokens", tg_tokens}, {"decode_seconds", best_tg},
+          {"decode_tok_s", tg_tokens / best_tg},  {"kv_bytes_peak", peak}};
+}
+
+// Capacity under a KV budget: sequences of --prefill tokens are admitted one by one while the pool can
+// still hold the new one's whole prompt and its --decode tokens (the press evicts only after its context
+// is in); then every admitted sequence decodes concurrently.
+nlohmann::json capacity_run(const Model& model, const BenchArgs& a) {
+  const int V = model.config().n_vocab;
+  EngineOptions eo;
+  eo.n_threads = a.m.threads;
+  eo.n_ctx = a.prefill + a.decode + 8;
+  eo.n_batch = a.m.batch > 0 ? a.m.batch : std::max<int64_t>(512, a.prefill);
+  eo.kv_budget_bytes = a.kv_budget.empty() ? 0 : parse_byte_size(a.kv_budget);
+  Engine engine(model, eo);
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  std::vector<std::unique_ptr<Press>> presses;
+  auto t0 = std::chrono::steady_clock::now();
+  while ((int)seqs.size() < a.max_sequences) {
+    auto seq = engine.new_sequence();
+    if (seq->cache().pages_needed(a.prefill + a.decode) > engine.pages().pages_available()) break;
+    seq->set_press(a.press.make(model));
+    const std::vector<int32_t> p = bench_prompt(a.prefill, V, seqs.size());
+    seq->begin_context();
+    engine.feed(*seq, p.data(), (int64_t)p.size(), LogitsMode::Last);
+    seq->end_context(p);
+    seqs.push_back(std::move(seq));
+    std::fprintf(stderr, "\r[bench] admitted %zu sequences, KV %.1f of %.1f MiB", seqs.size(),
+                 engine.pages().bytes_in_use() / 1048576.0, engine.pages().budget_bytes() / 1048576.0);
+  }
+  std::fprintf(stderr, "\n");
+  const double prefill_s = seconds_since(t0);
+  const int B = (int)seqs.size();
+  double evicted = 0;
+  for (auto& s : seqs) evicted += s->cache().evicted_fraction();
+  std::vector<int32_t> ids((size_t)B);
+  std::vector<Segment> segs((size_t)B);
+  int64_t refused = 0;
+  t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < a.decode && B > 0; i++) {
+    for (int b = 0; b < B; b++) {
+      ids[b] = Sampler::argmax(seqs[b]->logits(), V);
+      segs[b] = Segment{};
+      segs[b].seq = seqs[b].get();
+      segs[b].tokens = &ids[b];
+      segs[b].n = 1;
+    }
+    engine.step(segs);
+    for (const Segment& g : segs) refused += g.status != SegmentStatus::Ok;
+  }
+  const double decode_s = seconds_since(t0);
+  return {{"kv_budget_bytes", engine.pages().budget_bytes()},
+          {"press", seqs.empty() || !seqs[0]->press() ? "none" : seqs[0]->press()->name()},
+          {"sequences", B},
+          {"prefill_tokens_each", a.prefill},
+          {"evicted_fraction", B ? evicted / B : 0.0},
+          {"kv_bytes_in_use", engine.pages().bytes_in_use()},
+          {"kv_bytes_peak", engine.pages().peak_bytes()},
+          {"prefill_seconds", prefill_s},
+          {"decode_tokens", (int64_t)B * a.decode - refused},
+          {"decode_seconds", decode_s},
+          {"decode_tok_s", ((int64_t)B * a.decode - refused) / decode_s},
+          {"decode_steps_refused_for_memory", refused}};
+}
+
 int run_bench(BenchArgs a) {
   auto model = a.m.load_model();
+  if (a.capacity) {
+    const nlohmann::json j = capacity_run(*model, a);
+    if (a.json) {
+      std::printf("%s\n", json_dump(j).c_str());
+    } else {
+      std::printf("KV budget %.1f MiB, press %s: %d concurrent sequences of %lld tokens (evicted %.1f%%), "
+                  "aggregate decode %.1f tok/s\n",
+                  j["kv_budget_bytes"].get<int64_t>() / 1048576.0, j["press"].get<std::string>().c_str(),
+                  j["sequences"].get<int>(), (long long)a.prefill, 100 * j["evicted_fraction"].get<double>(),
+                  j["decode_tok_s"].get<double>());
+    }
+    return 0;
+  }
+  if (!a.parallel.empty()) {
+    nlohmann::json rows = nlohmann::json::array();
+    if (!a.json)
+      std::printf("|    PP |     TG |    B |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s | KV peak MiB |\n"
+                  "|-------|--------|------|----------|----------|----------|----------|-------------|\n");
+    for (int B : a.parallel) {
+      nlohmann::json r = parallel_run(*model, a, B);
+      if (!a.json)
+        std::printf("| %5lld | %6lld | %4d | %8.3f | %8.2f | %8.3f | %8.2f | %11.1f |\n", (long long)a.prefill,
+                    (long long)a.decode, B, r["prefill_seconds"].get<double>(), r["prefill_tok_s"].get<double>(),
+                    r["decode_seconds"].get<double>(), r["decode_tok_s"].get<double>(),
+                    r["kv_bytes_peak"].get<int64_t>() / 1048576.0);
+      std::fflush(stdout);
+      rows.push_back(r);
+    }
+    if (a.json) {
+      ThreadPool probe(a.m.threads > 0 ? a.m.threads : ThreadPool::default_threads());
+      nlohmann::json j{{"model", model->config().name}, {"threads", probe.size()}, {"isa", isa_name(active_isa())},
+                       {"reps", a.reps}, {"results", rows}};
+      std::printf("%s\n", json_dump(j).c_str());
+    }
+    return 0;
+  }
   if (a.m.ctx == 0) a.m.ctx = a.prefill + a.decode + 8;
   Session s(*model, a.m.session_options());
   const int V = model->config().n_vocab;
@@ -148,6 +329,15 @@ RegisterCommand reg("bench", "measure prefill and decode speed", [](CLI::App& su
   sub.add_option("--keep", a->keep, "also time decoding after cutting the cache to these fractions (e.g. 0.5 0.25)")
       ->check(CLI::Range(0.0, 1.0));
   sub.add_option("--surrogate", a->surrogates, "also time these KVzap surrogate folders against the prefill");
+  sub.add_option("--parallel", a->parallel, "aggregate prefill/decode tok/s with these many concurrent sequences "
+                                            "(e.g. 1,4,16,64), like llama-batched-bench")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 4096));
+  sub.add_flag("--capacity", a->capacity, "admit --prefill-token sequences until the KV budget is full, then decode "
+                                          "them all; with --press, under that press");
+  sub.add_option("--kv-budget", a->kv_budget, "KV memory budget for --capacity (e.g. 512MiB)");
+  sub.add_option("--max-sequences", a->max_sequences, "upper bound for --capacity")->check(CLI::Range(1, 100000));
+  a->press.add_to(sub, /*with_surrogate=*/false);
   return [a]() { return run_bench(*a); };
 });
 

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cli/cli_common.h"
+#include "cli/generate_cache.h"
 #include "engine/pipeline.h"
 
 namespace kvzap::cli {
@@ -20,6 +21,7 @@ struct GenerateArgs {
   int top_k = 40;
   uint64_t seed = 0;
   std::vector<std::string> stop;
+  std::string save_cache, load_cache;  // saved compressed contexts (cli/generate_cache.h)
 };
 
 nlohmann::json answer_json(const GenerateResult& r) {
@@ -52,6 +54,12 @@ int run_generate(const GenerateArgs& a) {
     };
   }
 
+  if (!a.load_cache.empty()) {  // a saved compressed context replaces the prefill
+    if (press) throw Error("--load-cache: the saved context is already compressed; --press applies when saving it");
+    if (!a.questions.empty() || !a.context_file.empty() || !a.save_cache.empty())
+      throw Error("--load-cache continues a saved context with -p/-f (no --context-file, --question or --save-cache)");
+    return generate_from_saved_cache(a.load_cache, session, {a.file.empty() ? a.prompt : read_text_file(a.file), g, a.json, stream});
+  }
   ContextPrompt cp;
   bool qa_mode = !a.context_file.empty();
   if (qa_mode) {
@@ -86,6 +94,7 @@ int run_generate(const GenerateArgs& a) {
     return true;
   });
   if (trace) std::fclose(trace);
+  if (!a.save_cache.empty()) save_context_cache(a.save_cache, session, cp.context_ids, a.press);
   if (a.json) {
     nlohmann::json j;
     if (!qa_mode) {
@@ -151,6 +160,8 @@ RegisterCommand reg("generate", "generate text from a prompt, or answer question
   sub.add_option("--min-p", a->min_p, "min-p filter (0 = off)")->check(CLI::Range(0.0f, 1.0f));
   sub.add_option("--seed", a->seed, "sampling seed");
   sub.add_option("--stop", a->stop, "stop string (repeatable)");
+  sub.add_option("--save-cache", a->save_cache, "save the compressed context (the prompt, or --context-file) to a file");
+  sub.add_option("--load-cache", a->load_cache, "start from a context saved with --save-cache (or /slots/save); -p continues it");
   sub.add_flag("--json", a->json, "print one JSON object with the text, tokens, timings and cache size");
   sub.add_flag("--no-stream", a->no_stream, "print the answer at the end instead of streaming");
   return [a]() { return run_generate(*a); };

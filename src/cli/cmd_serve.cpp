@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cli/cli_common.h"
+#include "cli/press_settings.h"
 #include "engine/engine.h"
 #include "engine/model_store.h"
 #include "server/http_server.h"
@@ -70,21 +71,6 @@ class ShutdownWatcher {
   std::atomic<bool> requested_{false};
 };
 
-PressOptions default_press_options(const PressArgs& p) {
-  PressOptions o;
-  o.name = p.name;
-  o.has_threshold = p.threshold_opt && p.threshold_opt->count() > 0;
-  o.threshold = p.threshold;
-  o.has_ratio = p.ratio_opt && p.ratio_opt->count() > 0;
-  o.ratio = p.ratio;
-  o.ratio_scope = p.scope;
-  o.window = p.window;
-  o.decoding = p.decoding;
-  o.surrogate_dir = p.surrogate;
-  o.seed = p.seed;
-  return o;
-}
-
 int run_serve(const ServeArgs& a) {
   ShutdownWatcher watcher(a.shutdown_grace);
   ::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is a failed write, not a dead server
@@ -126,7 +112,7 @@ int run_serve(const ServeArgs& a) {
     d.has_press = !a.press.name.empty();
     if (!d.has_press && (a.press.threshold_opt->count() || a.press.ratio_opt->count() || a.press.decoding))
       throw Error("--threshold/--ratio/--decode-press need --press NAME");
-    d.press = default_press_options(a.press);
+    d.press = press_options_from(a.press);
     if (d.has_press) make_press(d.press, *model);  // a bad default fails at start, not per request
     d.limits.n_vocab = model->config().n_vocab;
     d.limits.max_tokens = a.max_tokens;

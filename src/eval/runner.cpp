@@ -212,11 +212,13 @@ std::vector<SampleOutcome> run_samples(Session& session, Press* press, const Pro
 
     for (size_t k = 0; k < group.size(); k++) {
       const Sample& s = samples[group[k]];
-      if (k > 0) session.rewind((int64_t)ctx.size());  // drop the previous question and its answer
+      // Each question on its own copy-on-write fork of the compressed context: pruning while answering
+      // one (a decoding press) cannot change what the next one sees.
+      std::unique_ptr<Sequence> fork = session.sequence().fork();
       GenerateOptions g;
       g.max_new_tokens = s.max_new_tokens;
       g.sampling.temperature = 0;  // greedy, as kvpress
-      const GenerateResult r = session.generate(questions[k], g);
+      const GenerateResult r = Session::generate_on(*fork, questions[k], g);
 
       SampleOutcome& o = out[group[k]];
       o.task = s.task;
@@ -227,9 +229,9 @@ std::vector<SampleOutcome> run_samples(Session& session, Press* press, const Pro
       o.evicted_fraction = evicted;
       o.kv_bytes = kv_bytes;
       o.kv_bytes_full = kv_full;
-      o.evicted_fraction_end = session.cache().evicted_fraction();
-      o.kv_bytes_end = session.cache().bytes_resident();
-      o.kv_bytes_full_end = session.cache().bytes_full();
+      o.evicted_fraction_end = fork->cache().evicted_fraction();
+      o.kv_bytes_end = fork->cache().bytes_resident();
+      o.kv_bytes_full_end = fork->cache().bytes_full();
       o.context_tokens = (int64_t)ctx.size();
       o.question_tokens = (int64_t)questions[k].size();
       o.generated_tokens = (int64_t)r.tokens.size();

@@ -63,6 +63,11 @@ struct HttpServer::Impl {
   httplib::Server::Handler guarded(std::function<void(const httplib::Request&, httplib::Response&)> fn) {
     return [this, fn](const httplib::Request& req, httplib::Response& res) {
       try {
+        // Checked here, after httplib has read the body: an answer sent before it would leave the body
+        // in the connection to be parsed as the next request.
+        if (!ready.load()) throw unavailable("Loading model");
+        if (opt.keys.enabled() && tenant_of(req) < 0)
+          throw ApiError(401, "authentication_error", "Invalid API Key: send it as 'Authorization: Bearer KEY' or 'X-Api-Key: KEY'");
         fn(req, res);
       } catch (const ApiError& e) {
         metrics.requests_rejected_total++;
@@ -239,24 +244,10 @@ void HttpServer::Impl::slots_restore(const httplib::Request& req, httplib::Respo
 
 void HttpServer::Impl::routes() {
   http.set_payload_max_length(opt.max_body_bytes);
-  http.set_read_timeout(30);
+  http.set_read_timeout(10);
   http.set_write_timeout(30);
   http.new_task_queue = [n = opt.threads] { return new httplib::ThreadPool((size_t)n); };
 
-  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (req.path == "/health" || req.path == "/v1/health") return httplib::Server::HandlerResponse::Unhandled;
-    if (!ready.load()) {
-      send_error(res, unavailable("Loading model"));
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    if (opt.keys.enabled() && tenant_of(req) < 0) {
-      metrics.requests_rejected_total++;
-      log(req, 401, "invalid or missing API key");
-      send_error(res, ApiError(401, "authentication_error", "Invalid API Key: send it as 'Authorization: Bearer KEY' or 'X-Api-Key: KEY'"));
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
   http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     if (res.status == 413) {

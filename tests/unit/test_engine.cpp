@@ -7,11 +7,15 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <unistd.h>
 #include <map>
 #include <memory>
 #include <new>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "cache/page_pool.h"
 #include "engine/engine.h"
@@ -448,3 +452,27 @@ TEST_F(EngineTest, OtherSequencesInTheStepDoNotChangeLogits) {
   }
 }
 }
+
+namespace {
+// The issue as a new user met it: the same question twice on a compressed context with decoding
+// pruning must give the same answer twice.
+TEST(EngineCli, SameQuestionTwiceOnACompressedContextGivesTheSameAnswer) {
+  const std::string text = kvzap::test::slurp(std::string(KVZAP_SOURCE_DIR) + "/tests/golden/texts/english.txt");
+  const std::string ctx_path = (std::filesystem::temp_directory_path() / ("kvzap_ctx_" + std::to_string(::getpid()) + ".txt")).string();
+  {
+    std::ofstream f(ctx_path);
+    f << text.substr(0, 7000);  // about 1,500 tokens
+  }
+  const auto r = kvzap::test::run_kvzap("generate --chat --context-file '" + ctx_path +
+                                        "' --press kvzap-mlp --decode-press --question 'Summarize the text.' "
+                                        "--question 'Summarize the text.' -n 120 --temp 0 -t 2 --json");
+  std::filesystem::remove(ctx_path);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["answers"].size(), 2u);
+  EXPECT_GT(j["n_context_tokens"].get<int64_t>(), 1200);
+  EXPECT_FALSE(j["answers"][0]["text"].get<std::string>().empty());
+  EXPECT_EQ(j["answers"][0]["text"], j["answers"][1]["text"]);
+  EXPECT_GT(j["evicted_fraction"].get<double>(), 0.3);
+}
+}  // namespace

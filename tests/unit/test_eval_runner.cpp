@@ -190,19 +190,31 @@ TEST(EvalRunner, SamplesOnOneContextShareAPrefillAndAnswerAsIfAlone) {
   Session session(m, small_session(600));
   RunOptions quiet;
   quiet.quiet = true;
-  const auto alone = run_samples(session, nullptr, prompts, t.samples, quiet);
-  // The same question twice on one context: the second reuses the cache after the first answer was
-  // trimmed off, so it must produce exactly the same answer.
-  std::vector<Sample> twice = {t.samples[0], t.samples[0]};
-  twice[1].meta.index = 1;
-  const auto shared = run_samples(session, nullptr, prompts, twice, quiet);
-  ASSERT_EQ(shared.size(), 2u);
-  EXPECT_FALSE(shared[0].context_reused);
-  EXPECT_TRUE(shared[1].context_reused);
-  EXPECT_EQ(shared[1].context_seconds, 0.0);
-  EXPECT_EQ(shared[0].prediction, alone[0].prediction);
-  EXPECT_EQ(shared[1].prediction, alone[0].prediction);
-  EXPECT_EQ(shared[1].index, 1);
+  // Without a press, and with KVzap-MLP pruning while decoding (a small window so the answer's own
+  // tokens are judged): each question runs on its own fork of the compressed context.
+  PressOptions po;
+  po.name = "kvzap-mlp";
+  po.has_threshold = true;
+  po.threshold = -4;
+  po.window = 8;
+  po.decoding = true;
+  std::unique_ptr<Press> decoding_press = make_press(po, m);
+  for (Press* press : {(Press*)nullptr, decoding_press.get()}) {
+    const auto alone = run_samples(session, press, prompts, t.samples, quiet);
+    // The same question twice on one context: the second reuses the compressed context, so it must
+    // produce exactly the same answer.
+    std::vector<Sample> twice = {t.samples[0], t.samples[0]};
+    twice[1].meta.index = 1;
+    const auto shared = run_samples(session, press, prompts, twice, quiet);
+    ASSERT_EQ(shared.size(), 2u);
+    EXPECT_FALSE(shared[0].context_reused);
+    EXPECT_TRUE(shared[1].context_reused);
+    EXPECT_EQ(shared[1].context_seconds, 0.0);
+    EXPECT_EQ(shared[0].prediction, alone[0].prediction);
+    EXPECT_EQ(shared[1].prediction, alone[0].prediction);
+    EXPECT_EQ(shared[1].index, 1);
+    if (press) EXPECT_GT(shared[1].evicted_fraction_end, shared[1].evicted_fraction);
+  }
 }
 
 TEST(EvalRunner, TooSmallContextIsAUserError) {
