@@ -424,7 +424,11 @@ inline void tile(const uint8_t* pack, const uint8_t* const* a, int64_t np, int64
   for (int64_t p = 0; p < np; ++p) {
     const uint8_t* g = pack + (size_t)p * kPackPair;
     __m512i wz[kRows];
-    for (int r = 0; r < kRows; ++r) wz[r] = _mm512_load_si512((const void*)(g + (size_t)r * kZ));
+    __m512 dw[kRows];  // loaded once per pair, not once per token
+    for (int r = 0; r < kRows; ++r) {
+      wz[r] = _mm512_load_si512((const void*)(g + (size_t)r * kZ));
+      dw[r] = _mm512_load_ps((const float*)(g + (size_t)(kRows + r) * kZ));
+    }
     for (int t = 0; t < NT; ++t) {
       const uint8_t* ap = a[t] + (size_t)p * kAct;
       const __m512i av = _mm512_load_si512((const void*)ap);
@@ -433,8 +437,7 @@ inline void tile(const uint8_t* pack, const uint8_t* const* a, int64_t np, int64
           Fmt<T>::kOffset ? _mm512_load_si512((const void*)(ap + 2 * kZ)) : _mm512_setzero_si512();
       for (int r = 0; r < kRows; ++r) {
         const __m512i isum = _mm512_dpbusd_epi32(init, wz[r], av);
-        const __m512 dwv = _mm512_load_ps((const float*)(g + (size_t)(kRows + r) * kZ));
-        acc[4 * r + t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dwv, da), acc[4 * r + t]);
+        acc[4 * r + t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw[r], da), acc[4 * r + t]);
       }
     }
     if constexpr (Fmt<T>::kMin) {

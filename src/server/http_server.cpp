@@ -40,6 +40,7 @@ struct HttpServer::Impl {
   ServerDefaults defaults;
   std::unique_ptr<PressFactory> presses;
   std::atomic<uint64_t> next_id{1};
+  std::atomic<int> in_flight{0};  // handlers running + streams still writing (stop() lets them finish)
   std::time_t started = std::time(nullptr);
 
   Impl(HttpOptions o, Metrics& m) : opt(std::move(o)), metrics(m) {}
@@ -62,6 +63,11 @@ struct HttpServer::Impl {
   // Wraps a handler: ApiError -> its status and body; anything else -> 500. The server stays up.
   httplib::Server::Handler guarded(std::function<void(const httplib::Request&, httplib::Response&)> fn) {
     return [this, fn](const httplib::Request& req, httplib::Response& res) {
+      in_flight++;
+      struct Done {
+        std::atomic<int>& n;
+        ~Done() { n--; }
+      } done{in_flight};
       try {
         // Checked here, after httplib has read the body: an answer sent before it would leave the body
         // in the connection to be parsed as the next request.
@@ -125,6 +131,7 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   auto finished = std::make_shared<std::atomic<bool>>(false);
+  in_flight++;  // until the stream's last frame is written (the releaser)
   auto sent_role = std::make_shared<bool>(false);
   res.set_chunked_content_provider(
       "text/event-stream",
@@ -162,8 +169,9 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
           return true;
         }
       },
-      [channel, finished](bool) {
+      [this, channel, finished](bool) {
         if (!*finished) channel->cancel();
+        in_flight--;
       });
 }
 
@@ -337,6 +345,12 @@ void HttpServer::attach(const Model& model, Engine& engine, Scheduler& scheduler
 }
 
 void HttpServer::listen() { impl_->http.listen_after_bind(); }
-void HttpServer::stop() { impl_->http.stop(); }
+void HttpServer::stop() {
+  // Streams write their last frame (finish or "shutting down") before httplib stops writing them.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (impl_->in_flight.load() > 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  impl_->http.stop();
+}
 
 }  // namespace kvzap::server
