@@ -22,6 +22,10 @@ fi
 python3 -c "import numpy, safetensors, gguf" 2>/dev/null || \
   python3 -m pip install -q numpy safetensors "gguf>=0.19" 2>/dev/null || \
   python3 -m pip install -q --break-system-packages numpy safetensors "gguf>=0.19"
+# The server tests' clients (tests/python/test_server*.py).
+python3 -c "import openai, httpx, pytest" 2>/dev/null || \
+  python3 -m pip install -q openai httpx pytest 2>/dev/null || \
+  python3 -m pip install -q --break-system-packages openai httpx pytest
 
 BUILD_DIR="${KVZAP_BUILD_DIR:-build}"
 launcher=""

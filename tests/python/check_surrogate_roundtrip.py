@@ -104,8 +104,7 @@ def check_predictions(root):
 def check_ridge(root):
     folder = os.path.join(root, "ridge")
     if not os.path.isdir(folder):
-        print("note: no ridge/ export (run Ridge.ExportForPythonCheck with KVZAP_ROUNDTRIP_DIR set)")
-        return
+        fail("no ridge/ export (run Ridge.ExportForPythonCheck with KVZAP_ROUNDTRIP_DIR set)")
     with open(os.path.join(folder, "meta.json")) as f:
         meta = json.load(f)
     n, d, k, alpha = meta["n"], meta["d"], meta["k"], meta["alpha"]
@@ -124,6 +123,7 @@ def check_ridge(root):
     try:
         from sklearn.linear_model import Ridge
     except ImportError:
+        print("SKIPPED: ridge vs sklearn.linear_model.Ridge (sklearn is not installed; numpy check above ran)")
         return
     r = Ridge(alpha=alpha).fit(x, y)
     if not np.allclose(r.coef_, coef, atol=1e-4) or not np.allclose(r.intercept_, icpt, atol=1e-4):

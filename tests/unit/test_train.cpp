@@ -545,7 +545,11 @@ TEST(Ridge, ExportForPythonCheck) {
   std::vector<float> x = randn(rng, size_t(n) * d, 1.0f, 2.0f), y = randn(rng, size_t(n) * k);
   for (int64_t r = 0; r < n; ++r) y[size_t(r) * k] += 0.5f * x[size_t(r) * d] - x[size_t(r) * d + 5];
   const RidgeResult res = fit_ridge(x.data(), y.data(), n, d, k, 1.0);
-  EXPECT_EQ(res.weight.size(), size_t(k) * d);
+  ASSERT_EQ(res.weight.size(), size_t(k) * d);
+  // The planted relation of output 0 (0.5 x0 - x5) is recovered (the noise is unit variance).
+  EXPECT_NEAR(res.weight[0], 0.5f, 0.1f);
+  EXPECT_NEAR(res.weight[5], -1.0f, 0.1f);
+  // The export for tests/python/check_surrogate_roundtrip.py (which fails when it is missing).
   if (!(env && *env)) return;
   const fs::path root = fs::path(env) / "ridge";
   fs::create_directories(root);
