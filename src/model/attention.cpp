@@ -120,10 +120,9 @@ void softmax_row(float* x, int64_t n) {
   for (int64_t k = 0; k < n; k++) x[k] *= inv;
 }
 
-bool use_avx512() {
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c");
-  return yes;
-}
+// The matmul kernels' dispatch decides (one mechanism: KVZAP_ISA / set_active_isa), so the portable
+// path below is what runs, and is tested, under KVZAP_ISA=avx2 or scalar on an AVX-512 host.
+bool use_avx512() { return active_isa() >= Isa::Avx512; }
 
 }  // namespace
 

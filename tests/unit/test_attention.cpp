@@ -5,6 +5,7 @@
 #include <random>
 
 #include "cache/kv_cache.h"
+#include "kernels/matmul.h"
 #include "model/attention.h"
 
 namespace kvzap {
@@ -39,6 +40,20 @@ TEST(Attention, MatchesReferenceHead64) { check_attention(64, 200, 9); }
 TEST(Attention, MatchesReferenceWithF16Probabilities) { check_attention(64, 300, 6, true); }
 TEST(Attention, MatchesReferenceHead128PartialPage) { check_attention(128, 37, 5); }
 TEST(Attention, SingleEntry) { check_attention(64, 1, 1); }
+
+TEST(Attention, EveryIsaMatchesTheReference) {
+  // The AVX-512 kernels and the portable path, chosen by the one ISA switch the matmuls use.
+  const Isa before = active_isa();
+  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+    if (isa > detected_isa()) continue;
+    set_active_isa(isa);
+    SCOPED_TRACE(isa_name(isa));
+    check_attention(64, 200, 9);
+    check_attention(64, 300, 6, true);
+    check_attention(128, 37, 5);
+  }
+  set_active_isa(before);
+}
 
 TEST(Attention, AfterEvictionSeesOnlyKeptEntries) {
   // Evicting entries must change the result exactly as if they had never been appended.
