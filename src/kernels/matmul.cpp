@@ -2,6 +2,10 @@
 // kernels, the float reference and the public row (de)quantizers.
 #include "kernels/matmul.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -99,15 +103,23 @@ bool is_matmul_type(GgmlType t) {
   }
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+// CPUID.1:ECX.F16C[bit 29]; clang (14) does not accept "f16c" in __builtin_cpu_supports.
+static bool cpu_has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+#endif
+
 Isa detect_isa() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+      __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma") && cpu_has_f16c() &&
       __builtin_cpu_supports("bmi2"))
     return Isa::Avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c() &&
       __builtin_cpu_supports("bmi2"))
     return Isa::Avx2;
 #endif
@@ -204,13 +216,33 @@ const char* isa_name(Isa isa) {
 
 void matmul(const WeightMatrix& w, const float* x, int64_t n_tok, float* y, ThreadPool& pool,
             MatmulScratch& scratch) {
-  check_matrix(w, x, n_tok, y);
-  if (n_tok == 0 || w.n_out == 0) return;
-  const MatmulKernel k = kernel_for(active_isa(), w.type);
-  const int nth = pool.size();
-  const int64_t n_in = w.n_in, n_out = w.n_out;
+  const WeightMatrix* ws[1] = {&w};
+  float* ys[1] = {y};
+  matmul_group(ws, ys, 1, x, n_tok, pool, scratch);
+}
 
-  // Activations -> the kernel's format, once per call, reused for every weight row.
+void matmul_group(const WeightMatrix* const* ws, float* const* ys, int n_mats, const float* x, int64_t n_tok,
+                  ThreadPool& pool, MatmulScratch& scratch) {
+  if (n_mats <= 0) return;
+  constexpr int kMaxMats = 4;
+  bool shared = n_mats <= kMaxMats;
+  for (int m = 0; m < n_mats; m++) {
+    check_matrix(*ws[m], x, n_tok, ys[m]);
+    shared = shared && ws[m]->type == ws[0]->type && ws[m]->n_in == ws[0]->n_in;
+  }
+  if (!shared) {  // different kernels or input formats: one job each
+    for (int m = 0; m < n_mats; m++) matmul_group(&ws[m], &ys[m], 1, x, n_tok, pool, scratch);
+    return;
+  }
+  if (n_tok == 0) return;
+  const MatmulKernel k = kernel_for(active_isa(), ws[0]->type);
+  const int nth = pool.size();
+  const int64_t n_in = ws[0]->n_in;
+  int64_t n_out_total = 0;
+  for (int m = 0; m < n_mats; m++) n_out_total += ws[m]->n_out;
+  if (n_out_total == 0) return;
+
+  // Activations -> the kernel's format, once per call, reused for every weight row of every matrix.
   const uint8_t* act = reinterpret_cast<const uint8_t*>(x);
   size_t act_stride = (size_t)n_in * sizeof(float);
   if (k.act_row_bytes) {
@@ -220,16 +252,9 @@ void matmul(const WeightMatrix& w, const float* x, int64_t n_tok, float* y, Thre
     uint8_t* dst = align_up(scratch.act.data());
     constexpr int64_t kPrepTokens = 8;
     if (nth > 1 && n_tok >= 2 * kPrepTokens) {
-      struct Prep {  // one captured pointer keeps the std::function inline (no allocation)
-        const MatmulKernel* k;
-        const float* x;
-        uint8_t* dst;
-        size_t stride;
-        int64_t n_in, n_tok;
-      } prep{&k, x, dst, act_stride, n_in, n_tok};
-      pool.parallel_for((n_tok + kPrepTokens - 1) / kPrepTokens, [p = &prep](int64_t c, int) {
-        for (int64_t t = c * kPrepTokens; t < std::min(p->n_tok, (c + 1) * kPrepTokens); ++t)
-          p->k->prepare_act(p->x + t * p->n_in, p->dst + (size_t)t * p->stride, p->n_in);
+      pool.parallel_for((n_tok + kPrepTokens - 1) / kPrepTokens, [&](int64_t c, int) {
+        for (int64_t t = c * kPrepTokens; t < std::min(n_tok, (c + 1) * kPrepTokens); ++t)
+          k.prepare_act(x + t * n_in, dst + (size_t)t * act_stride, n_in);
       });
     } else {
       for (int64_t t = 0; t < n_tok; ++t) k.prepare_act(x + t * n_in, dst + (size_t)t * act_stride, n_in);
@@ -241,9 +266,11 @@ void matmul(const WeightMatrix& w, const float* x, int64_t n_tok, float* y, Thre
   const int64_t n_tb = (n_tok + tok_block - 1) / tok_block;
   // Aim for ~4 work items per thread (dynamic hand-out evens out the rest).
   const int64_t max_rows = n_tb > 1 || n_tok > 4 ? 64 : 512;
-  int64_t rows = round_up((n_out * n_tb + 4 * nth - 1) / (4 * nth), kRowAlign);
+  int64_t rows = round_up((n_out_total * n_tb + 4 * nth - 1) / (4 * nth), kRowAlign);
   rows = std::clamp<int64_t>(rows, kRowAlign, max_rows);
-  const int64_t n_rc = (n_out + rows - 1) / rows;
+  int64_t first_item[kMaxMats + 1];  // items of matrix m: [first_item[m], first_item[m + 1])
+  first_item[0] = 0;
+  for (int m = 0; m < n_mats; m++) first_item[m + 1] = first_item[m] + (ws[m]->n_out + rows - 1) / rows * n_tb;
 
   // Per-thread workspace slices.
   size_t work_stride = 0;
@@ -255,22 +282,16 @@ void matmul(const WeightMatrix& w, const float* x, int64_t n_tok, float* y, Thre
     work = align_up(scratch.work.data());
   }
 
-  struct Items {  // one captured pointer keeps the std::function inline (no allocation)
-    const MatmulKernel* k;
-    const WeightMatrix* w;
-    const uint8_t* act;
-    size_t act_stride;
-    float* y;
-    uint8_t* work;
-    size_t work_stride;
-    int64_t n_rc, rows, tok_block, n_out, n_tok;
-  } items{&k, &w, act, act_stride, y, work, work_stride, n_rc, rows, tok_block, n_out, n_tok};
-  pool.parallel_for(n_rc * n_tb, [it = &items](int64_t item, int tid) {
-    const int64_t rc = item % it->n_rc, tb = item / it->n_rc;
-    const int64_t r0 = rc * it->rows, r1 = std::min(it->n_out, r0 + it->rows);
-    const int64_t t0 = tb * it->tok_block, t1 = std::min(it->n_tok, t0 + it->tok_block);
-    it->k->compute(*it->w, it->act, it->act_stride, r0, r1, t0, t1, it->y, it->n_out,
-                   it->work ? it->work + it->work_stride * (size_t)tid : nullptr);
+  pool.parallel_for(first_item[n_mats], [&](int64_t item, int tid) {
+    int m = 0;
+    while (item >= first_item[m + 1]) m++;
+    const WeightMatrix& w = *ws[m];
+    const int64_t local = item - first_item[m];
+    const int64_t n_rc = (w.n_out + rows - 1) / rows;
+    const int64_t rc = local % n_rc, tb = local / n_rc;
+    const int64_t r0 = rc * rows, r1 = std::min(w.n_out, r0 + rows);
+    const int64_t t0 = tb * tok_block, t1 = std::min(n_tok, t0 + tok_block);
+    k.compute(w, act, act_stride, r0, r1, t0, t1, ys[m], w.n_out, work ? work + work_stride * (size_t)tid : nullptr);
   });
 }
 

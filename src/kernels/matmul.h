@@ -40,6 +40,11 @@ const char* isa_name(Isa isa);
 // y = x W^T, threaded over output rows (and tokens for large batches).
 void matmul(const WeightMatrix& w, const float* x, int64_t n_tok, float* y, ThreadPool& pool,
             MatmulScratch& scratch);
+// y_m = x W_m^T for matrices sharing the input (q/k/v, gate/up): the activations are prepared once and
+// every matrix's rows go to the threads in one job (one barrier, not one per matrix). Results are the
+// same as separate matmul calls; matrices of different types or row lengths run one after the other.
+void matmul_group(const WeightMatrix* const* ws, float* const* ys, int n_mats, const float* x, int64_t n_tok,
+                  ThreadPool& pool, MatmulScratch& scratch);
 // Scalar reference: dequantize each weight row to float and accumulate in double.
 void matmul_reference(const WeightMatrix& w, const float* x, int64_t n_tok, float* y);
 

@@ -128,9 +128,11 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
   for (int l = 0; l < cfg_.n_layer; l++) {
     const LayerWeights& L = w.layers[l];
     pool_.parallel_for(n, [&](int64_t t, int) { rmsnorm(&x_[t * E], L.attn_norm, &xn_[t * E], E, cfg_.rms_eps); });
-    matmul(L.wq, xn_.data(), n, q_.data(), pool_, mm_scratch_);
-    matmul(L.wk, xn_.data(), n, k_.data(), pool_, mm_scratch_);
-    matmul(L.wv, xn_.data(), n, v_.data(), pool_, mm_scratch_);
+    {
+      const WeightMatrix* ws[3] = {&L.wq, &L.wk, &L.wv};
+      float* ys[3] = {q_.data(), k_.data(), v_.data()};
+      matmul_group(ws, ys, 3, xn_.data(), n, pool_, mm_scratch_);
+    }
     pool_.parallel_for(n, [&](int64_t t, int) {
       float* q = &q_[t * Dq];
       float* k = &k_[t * Dkv];
@@ -176,8 +178,11 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
       for (int64_t i = 0; i < E; i++) x[i] += p[i];
       rmsnorm(x, L.ffn_norm, &xn_[t * E], E, cfg_.rms_eps);
     });
-    matmul(L.gate, xn_.data(), n, gate_.data(), pool_, mm_scratch_);
-    matmul(L.up, xn_.data(), n, up_.data(), pool_, mm_scratch_);
+    {
+      const WeightMatrix* ws[2] = {&L.gate, &L.up};
+      float* ys[2] = {gate_.data(), up_.data()};
+      matmul_group(ws, ys, 2, xn_.data(), n, pool_, mm_scratch_);
+    }
     pool_.parallel_for(n, [&](int64_t t, int) { swiglu(&gate_[t * F], &up_[t * F], F); });
     matmul(L.down, gate_.data(), n, proj_.data(), pool_, mm_scratch_);
     pool_.parallel_for(n, [&](int64_t t, int) {

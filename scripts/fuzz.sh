@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer harnesses (fuzz/fuzz_*.cpp; clang, ASan+UBSan) and runs each for SECONDS
+# (default 60) on its seed corpus (fuzz/corpus/<name>) plus its regression inputs (fuzz/regressions/
+# <name>), with its dictionary (fuzz/dict/<name>.dict). Fails if any harness finds a crash, a leak, an
+# allocation over 1 GiB or an input slower than 5 s; the reproducer lands in $FUZZ_BUILD/artifacts.
+#
+#   scripts/fuzz.sh [SECONDS] [HARNESS...]     e.g. scripts/fuzz.sh 600 gguf zip
+# Environment: KVZAP_FUZZ_BUILD_DIR (default build-fuzz), KVZAP_FUZZ_MERGE=1 minimises the grown corpus
+# back into fuzz/corpus/<name> (to commit it), KVZAP_FUZZ_JOBS (default 1) parallel runs of a harness.
+# Needs the normal build dependencies (scripts/setup.sh); installs clang itself (scripts/setup_fuzz.sh).
+# A summary (harness, seconds, executions, exec/s, corpus files/bytes, result) is printed and kept in
+# $FUZZ_BUILD/fuzz-summary.tsv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECONDS_PER="${1:-60}"
+shift || true
+bash scripts/setup_fuzz.sh
+B="${KVZAP_FUZZ_BUILD_DIR:-build-fuzz}"
+launcher=""
+command -v ccache >/dev/null && launcher="-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"
+CXX=clang++ cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVZAP_FUZZ=ON -DKVZAP_BUILD_TESTS=OFF \
+  $launcher >/dev/null
+cmake --build "$B" --target fuzzers -j"${KVZAP_BUILD_JOBS:-$(nproc)}"
+
+if [ "$#" -gt 0 ]; then harnesses=("$@"); else
+  harnesses=()
+  for f in fuzz/fuzz_*.cpp; do n="$(basename "$f" .cpp)"; harnesses+=("${n#fuzz_}"); done
+fi
+mkdir -p "$B/artifacts" "$B/work"
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=0}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+summary="$B/fuzz-summary.tsv"
+printf 'harness\tseconds\texecs\texec_per_s\tcorpus_files\tcorpus_bytes\tresult\n' >"$summary"
+failed=0
+for h in "${harnesses[@]}"; do
+  bin="$B/fuzz_$h"
+  [ -x "$bin" ] || { echo "!! no harness $bin"; failed=$((failed + 1)); continue; }
+  seeds="fuzz/corpus/$h"; regress="fuzz/regressions/$h"; work="$B/work/$h"
+  mkdir -p "$seeds" "$work"
+  dirs=("$work" "$seeds"); [ -d "$regress" ] && dirs+=("$regress")
+  dict=(); [ -f "fuzz/dict/$h.dict" ] && dict=(-dict="fuzz/dict/$h.dict")
+  log="$B/artifacts/$h.log"
+  echo "== fuzz_$h for ${SECONDS_PER}s"
+  rc=0
+  "$bin" "${dict[@]}" -max_total_time="$SECONDS_PER" -timeout=5 -rss_limit_mb=2560 -malloc_limit_mb=1024 \
+    -max_len=65536 -jobs="${KVZAP_FUZZ_JOBS:-1}" -workers="${KVZAP_FUZZ_JOBS:-1}" -print_final_stats=1 \
+    -artifact_prefix="$B/artifacts/$h-" "${dirs[@]}" >"$log" 2>&1 || rc=$?
+  [ "${KVZAP_FUZZ_JOBS:-1}" -gt 1 ] && cat fuzz-*.log >>"$log" 2>/dev/null && rm -f fuzz-*.log
+  execs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | awk '{s += $2} END {print s + 0}')"
+  eps="$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | awk '{s += $2} END {print s + 0}')"
+  if [ "${KVZAP_FUZZ_MERGE:-0}" = 1 ] && [ "$rc" = 0 ]; then
+    merged="$B/work/$h.merged"; rm -rf "$merged"; mkdir -p "$merged"
+    "$bin" -merge=1 -timeout=5 -rss_limit_mb=2560 -malloc_limit_mb=1024 -max_len=65536 "$merged" "$seeds" "$work" \
+      >>"$log" 2>&1
+    rm -rf "$seeds"; mv "$merged" "$seeds"
+  fi
+  files="$(find "$seeds" "$work" -type f | wc -l)"
+  bytes="$(du -scb "$seeds" "$work" | tail -1 | cut -f1)"
+  result=ok
+  if [ "$rc" -ne 0 ]; then
+    result="FAILED (exit $rc)"; failed=$((failed + 1))
+    grep -E 'ERROR|SUMMARY|Test unit written|deadly|timeout|leak|out-of-memory' "$log" | head -20 || true
+  fi
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$h" "$SECONDS_PER" "$execs" "$eps" "$files" "$bytes" "$result" >>"$summary"
+  echo "   $execs execs ($eps/s), result: $result (log: $log)"
+done
+column -t -s $'\t' "$summary" 2>/dev/null || cat "$summary"
+if [ "$failed" -ne 0 ]; then echo "$failed harness(es) failed"; exit 1; fi
+echo "all harnesses clean"
