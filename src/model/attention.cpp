@@ -94,6 +94,15 @@ inline float fast_exp(float x) {
   return p * scale;
 }
 
+}  // namespace
+
+KVZAP_CLONES
+void round_rows_f16(const float* src, float* dst, int64_t n, float scale) {
+  for (int64_t i = 0; i < n; i++) dst[i] = (float)(_Float16)src[i] * scale;
+}
+
+namespace {
+
 KVZAP_CLONES
 void round_to_f16(float* x, int64_t n) {
   for (int64_t i = 0; i < n; i++) x[i] = (float)(_Float16)x[i];

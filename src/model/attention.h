@@ -18,6 +18,9 @@ struct AttentionBlock {
   bool f16_probs = false;
 };
 
+// dst[i] = f16(src[i]) * scale: queries rounded to f16 as llama.cpp does before its f16 K dot products.
+void round_rows_f16(const float* src, float* dst, int64_t n, float scale);
+
 // Exact two-pass softmax per row. scores: scratch [rows][max visible]; page_f32: scratch [2][page][head_dim].
 void attend(const AttentionBlock& b, const KvCache& cache, int layer, int head, float* scores,
             float* page_f32);

@@ -237,9 +237,8 @@ void Forward::attention(int layer, const ForwardSegment* segs, int n_segs) {
     int rows = 0;
     for (int64_t t = tk.t0; t < tk.t1; t++)
       for (int64_t g = tk.g0; g < tk.g1; g++, rows++) {
-        const float* src = &q_[((row0 + t) * H + hk * G + g) * D];
         // Queries are rounded to f16 like llama.cpp does before its f16 K dot products.
-        for (int64_t i = 0; i < D; i++) qb[rows * D + i] = fp16_to_fp32(fp32_to_fp16(src[i])) * scale;
+        round_rows_f16(&q_[((row0 + t) * H + hk * G + g) * D], qb + rows * D, D, scale);
         visible[rows] = n_old + t + 1;  // causal: old entries plus new tokens up to t
       }
     AttentionBlock b{qb, D, rows, visible, ob, D, /*f16_probs=*/true};
