@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/sha256.h"
+#include "engine/model_catalogue.h"
 #include "format/zip.h"
 #include "kvzap/error.h"
 
@@ -107,6 +108,14 @@ std::string resolve_model(const std::string& m) {
     return p;
   }
   if (fs::exists(m, ec)) return m;
+  // A catalogue name (`kvzap pull --list`).
+  const std::vector<CatalogueEntry> cat = model_catalogue();
+  if (const CatalogueEntry* e = find_catalogue_entry(cat, m)) {
+    const std::string p = models_dir() + "/" + e->file;
+    const uint64_t size = fs::is_regular_file(p, ec) ? (uint64_t)fs::file_size(p, ec) : 0;
+    if (size != e->size) throw Error("model '" + m + "' is not downloaded (or incomplete): run `kvzap pull " + m + "`");
+    return p;
+  }
   if (m.find('/') == std::string::npos) {
     const std::string in_store = models_dir() + "/" + m;
     if (fs::exists(in_store, ec)) return in_store;
