@@ -423,7 +423,29 @@ async def run_workload(base: str, args, prompts: list[str]) -> dict:
                 records.append(rec)  # appended first: a cancelled request keeps what it received
                 await one_request(client, base, args, i, prompts[i % len(prompts)], args.max_tokens, rec)
 
+        # kvzap's /metrics sampled while the workload runs: peak concurrency and KV use (capacity runs).
+        peaks = {"kvzap:num_requests_running": 0.0, "kvzap:kv_cache_usage_perc": 0.0,
+                 "kvzap:num_requests_waiting": 0.0, "kvzap:kv_bytes_resident": 0.0}
+        stop_sampling = asyncio.Event()
+
+        async def sampler() -> None:
+            while not stop_sampling.is_set():  # bounded: stops with the workload
+                try:
+                    r = await client.get(base + "/metrics", timeout=5)
+                    if r.status_code == 200:
+                        m = parse_prometheus(r.text)
+                        for k in peaks:
+                            if k in m:
+                                peaks[k] = max(peaks[k], m[k])
+                except (httpx.HTTPError, ValueError):
+                    pass
+                try:
+                    await asyncio.wait_for(stop_sampling.wait(), timeout=0.25)
+                except asyncio.TimeoutError:
+                    pass
+
         t0 = time.perf_counter()
+        sampling = asyncio.create_task(sampler())
         tasks = [asyncio.create_task(worker()) for _ in range(min(args.streams, args.requests))]
         _, pending = await asyncio.wait(tasks, timeout=args.timeout)
         timed_out = bool(pending)
@@ -431,6 +453,8 @@ async def run_workload(base: str, args, prompts: list[str]) -> dict:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         t1 = time.perf_counter()
+        stop_sampling.set()
+        await sampling
     started = {r["index"] for r in records}
     for r in records:
         if r["t_end"] is None or (r["error"] is None and not r["ok"]):
@@ -441,7 +465,7 @@ async def run_workload(base: str, args, prompts: list[str]) -> dict:
             rec["error"], rec["t_end"] = "not started (time limit)", t1
             records.append(rec)
     records.sort(key=lambda r: r["index"])
-    return {"t0": t0, "t1": t1, "timed_out": timed_out, "records": records}
+    return {"t0": t0, "t1": t1, "timed_out": timed_out, "records": records, "metric_peaks": peaks}
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -648,6 +672,14 @@ def main() -> int:
                 log(f"  {kind}: {summary['ok']}/{summary['requests']} ok, {summary['gen_tok_s'] or 0:.1f} tok/s, "
                     f"TTFT p50 {1000 * (summary['ttft_p50_s'] or 0):.0f} ms, ITL p50 {1000 * (summary['itl_p50_s'] or 0):.1f} ms, "
                     f"peak RSS {mem_end['vm_hwm_mb'] or 0:.0f} MB")
+                if kind == "kvzap":
+                    pk = work["metric_peaks"]
+                    summary["peak_running"] = pk["kvzap:num_requests_running"]
+                    summary["peak_kv_usage"] = pk["kvzap:kv_cache_usage_perc"]
+                    summary["preemptions"] = metrics.get("kvzap:num_preemptions_total")
+                    log(f"  kvzap peaks while running: {pk['kvzap:num_requests_running']:.0f} requests running, "
+                        f"{pk['kvzap:num_requests_waiting']:.0f} waiting, KV usage {100 * pk['kvzap:kv_cache_usage_perc']:.1f}% "
+                        f"of the budget, preemptions {summary['preemptions']}")
                 if summary["requests_short_of_max_tokens"]:
                     log(f"  warning: {summary['requests_short_of_max_tokens']} requests ended before --max-tokens "
                         "(ignore_eos not honoured?)")

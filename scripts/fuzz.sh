@@ -6,7 +6,8 @@
 #
 #   scripts/fuzz.sh [SECONDS] [HARNESS...]     e.g. scripts/fuzz.sh 600 gguf zip
 # Environment: KVZAP_FUZZ_BUILD_DIR (default build-fuzz), KVZAP_FUZZ_MERGE=1 minimises the grown corpus
-# back into fuzz/corpus/<name> (to commit it), KVZAP_FUZZ_JOBS (default 1) parallel runs of a harness.
+# back into fuzz/corpus/<name> (to commit it), KVZAP_FUZZ_JOBS (default 1) parallel runs of a harness,
+# KVZAP_FUZZ_SKIP_BUILD=1 runs the harnesses already built.
 # Needs the normal build dependencies (scripts/setup.sh); installs clang itself (scripts/setup_fuzz.sh).
 # A summary (harness, seconds, executions, exec/s, corpus files/bytes, result) is printed and kept in
 # $FUZZ_BUILD/fuzz-summary.tsv.
@@ -18,9 +19,12 @@ bash scripts/setup_fuzz.sh
 B="${KVZAP_FUZZ_BUILD_DIR:-build-fuzz}"
 launcher=""
 command -v ccache >/dev/null && launcher="-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"
-CXX=clang++ cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVZAP_FUZZ=ON -DKVZAP_BUILD_TESTS=OFF \
-  $launcher >/dev/null
-cmake --build "$B" --target fuzzers -j"${KVZAP_BUILD_JOBS:-$(nproc)}"
+export ASAN_SYMBOLIZER_PATH="${ASAN_SYMBOLIZER_PATH:-$(command -v llvm-symbolizer-16 || true)}"
+if [ "${KVZAP_FUZZ_SKIP_BUILD:-0}" != 1 ]; then
+  CXX="${KVZAP_FUZZ_CXX:-clang++-16}" cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVZAP_FUZZ=ON \
+    -DKVZAP_BUILD_TESTS=OFF $launcher >/dev/null
+  cmake --build "$B" --target fuzzers -j"${KVZAP_BUILD_JOBS:-$(nproc)}"
+fi
 
 if [ "$#" -gt 0 ]; then harnesses=("$@"); else
   harnesses=()
@@ -40,14 +44,15 @@ for h in "${harnesses[@]}"; do
   dirs=("$work" "$seeds"); [ -d "$regress" ] && dirs+=("$regress")
   dict=(); [ -f "fuzz/dict/$h.dict" ] && dict=(-dict="fuzz/dict/$h.dict")
   log="$B/artifacts/$h.log"
+  jobs=(); [ "${KVZAP_FUZZ_JOBS:-1}" -gt 1 ] && jobs=(-jobs="$KVZAP_FUZZ_JOBS" -workers="$KVZAP_FUZZ_JOBS")
   echo "== fuzz_$h for ${SECONDS_PER}s"
   rc=0
   "$bin" "${dict[@]}" -max_total_time="$SECONDS_PER" -timeout=5 -rss_limit_mb=2560 -malloc_limit_mb=1024 \
-    -max_len=65536 -jobs="${KVZAP_FUZZ_JOBS:-1}" -workers="${KVZAP_FUZZ_JOBS:-1}" -print_final_stats=1 \
+    -max_len=65536 "${jobs[@]}" -print_final_stats=1 \
     -artifact_prefix="$B/artifacts/$h-" "${dirs[@]}" >"$log" 2>&1 || rc=$?
-  [ "${KVZAP_FUZZ_JOBS:-1}" -gt 1 ] && cat fuzz-*.log >>"$log" 2>/dev/null && rm -f fuzz-*.log
-  execs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | awk '{s += $2} END {print s + 0}')"
-  eps="$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | awk '{s += $2} END {print s + 0}')"
+  if [ "${#jobs[@]}" -gt 0 ]; then cat fuzz-*.log >>"$log" 2>/dev/null || true; rm -f fuzz-*.log; fi
+  execs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | awk '{s += $2} END {print s + 0}' || true)"
+  eps="$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | awk '{s += $2} END {print s + 0}' || true)"
   if [ "${KVZAP_FUZZ_MERGE:-0}" = 1 ] && [ "$rc" = 0 ]; then
     merged="$B/work/$h.merged"; rm -rf "$merged"; mkdir -p "$merged"
     "$bin" -merge=1 -timeout=5 -rss_limit_mb=2560 -malloc_limit_mb=1024 -max_len=65536 "$merged" "$seeds" "$work" \

@@ -19,9 +19,9 @@ if [ "$need_apt" = 1 ]; then
 fi
 
 # Python is only used by checks and benchmarks (never by the engine).
-python3 -c "import numpy, safetensors, gguf" 2>/dev/null || \
-  python3 -m pip install -q numpy safetensors "gguf>=0.19" 2>/dev/null || \
-  python3 -m pip install -q --break-system-packages numpy safetensors "gguf>=0.19"
+python3 -c "import numpy, safetensors, gguf, jinja2" 2>/dev/null || \
+  python3 -m pip install -q numpy safetensors "gguf>=0.19" jinja2 2>/dev/null || \
+  python3 -m pip install -q --break-system-packages numpy safetensors "gguf>=0.19" jinja2
 # The server tests' clients (tests/python/test_server*.py).
 python3 -c "import openai, httpx, pytest" 2>/dev/null || \
   python3 -m pip install -q openai httpx pytest 2>/dev/null || \

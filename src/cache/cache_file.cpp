@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/atomic_file.h"
 #include "common/sha256.h"
 #include "kvzap/error.h"
 
@@ -115,17 +116,7 @@ void save_cache_file(const std::string& path, const Model& model, const KvCache&
   hd.bytes(raw_sha256(hd.out.data(), hd.out.size()).data(), 8);
   hd.out.resize(kHeaderBytes, '\0');
 
-  const std::string tmp = path + ".partial";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error(path + ": cannot open for writing");
-    out.write(hd.out.data(), (std::streamsize)hd.out.size());
-    out.write(p.out.data(), (std::streamsize)p.out.size());
-    if (!out.flush()) throw Error(path + ": write failed");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw Error(path + ": cannot rename the finished file into place: " + ec.message());
+  write_file_atomic(path, {hd.out, p.out});
 }
 
 CacheFileMeta load_cache_file(const std::string& path, const Model& model, KvCache& cache) {
@@ -168,7 +159,8 @@ CacheFileMeta load_cache_file(const std::string& path, const Model& model, KvCac
   meta.press.assign(p.take(press_bytes, "press settings"), press_bytes);
   if (n_tokens > data.size() / sizeof(int32_t)) throw Error(path + ": truncated cache file (tokens run past the end)");
   meta.tokens.resize(n_tokens);
-  std::memcpy(meta.tokens.data(), p.take(n_tokens * sizeof(int32_t), "tokens"), n_tokens * sizeof(int32_t));
+  const char* token_bytes = p.take(n_tokens * sizeof(int32_t), "tokens");
+  if (n_tokens) std::memcpy(meta.tokens.data(), token_bytes, n_tokens * sizeof(int32_t));  // data() may be null
   for (int32_t t : meta.tokens)
     if (t < 0 || t >= (int32_t)V) throw Error(path + ": corrupt cache file (token id " + std::to_string(t) + " out of range)");
   if (has_logits) {

@@ -32,7 +32,8 @@ struct CacheFileMeta {
 // cheap, and different for any other model file in practice.
 std::string model_fingerprint(const Model& model);
 
-// Writes through `path`.partial and renames, so a crash never leaves a half file under `path`.
+// Writes atomically (common/atomic_file.h: a temporary, fsync, rename), so a crash never leaves a half
+// file under `path`, and a failed write (disk full) leaves the previous file in place.
 void save_cache_file(const std::string& path, const Model& model, const KvCache& cache, const CacheFileMeta& meta);
 
 // Validates the whole file first (header, version, model, checksums, every length and position), then

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "cli/cli_common.h"
+#include "tokenizer/chat_prompt.h"
 
 namespace kvzap::cli {
 namespace {
@@ -23,7 +24,7 @@ struct ChatArgs {
 int run_chat(const ChatArgs& a) {
   auto model = a.m.load_model();
   const Tokenizer& tok = model->tokenizer();
-  const ChatFormat fmt = detect_chat_format(tok.vocab());
+  const ChatPrompt prompt(tok);
   std::unique_ptr<Press> press = a.press.make(*model);
   if (press && !press->prunes_decoding())
     throw Error("chat needs a press that prunes while decoding: use a threshold press with --decode-press");
@@ -57,7 +58,7 @@ int run_chat(const ChatArgs& a) {
       continue;
     }
     history.push_back({"user", line});
-    const std::vector<int32_t> all = tok.encode(apply_chat_template(fmt, history), false, true);
+    const std::vector<int32_t> all = prompt.encode(history);
     size_t common = 0;
     while (common < fed.size() && common < all.size() && fed[common] == all[common]) common++;
     if (common < fed.size()) {  // the re-rendered history tokenizes differently from here on

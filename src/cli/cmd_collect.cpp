@@ -4,8 +4,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "cli/cli_common.h"
+#include "common/atomic_file.h"
 #include "common/progress.h"
 #include "engine/model_store.h"
 #include "train/targets.h"
@@ -56,10 +58,11 @@ int run_collect(const CollectArgs& a) {
 
   // Which text each window is, next to the dataset (rewritten each run; deterministic).
   {
-    std::ofstream f(a.out + ".windows.tsv");
+    std::ostringstream f;
     f << "id\tsource\tdoc\tfirst_line\tn_tokens\n";
     for (const TextWindow& w : windows)
       f << w.id << '\t' << w.source << '\t' << w.doc << '\t' << w.first_line << '\t' << w.n_tokens << '\n';
+    write_file_atomic(a.out + ".windows.tsv", f.str());
   }
 
   CollectOptions co;

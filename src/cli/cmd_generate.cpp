@@ -6,6 +6,7 @@
 #include "cli/cli_common.h"
 #include "cli/generate_cache.h"
 #include "engine/pipeline.h"
+#include "tokenizer/chat_prompt.h"
 
 namespace kvzap::cli {
 namespace {
@@ -73,7 +74,7 @@ int run_generate(const GenerateArgs& a) {
       std::vector<ChatMessage> msgs;
       if (!a.system.empty()) msgs.push_back({"system", a.system});
       msgs.push_back({"user", prompt});
-      cp.context_ids = tok.encode(apply_chat_template(detect_chat_format(tok.vocab()), msgs), false, true);
+      cp.context_ids = ChatPrompt(tok).encode(msgs);
     } else {
       cp.context_ids = tok.encode(prompt, tok.vocab().add_bos, true);
     }

@@ -7,7 +7,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include <unistd.h>
+
 #include "cli/cli_common.h"
+#include "common/atomic_file.h"
 #include "common/progress.h"
 #include "kernels/thread_pool.h"
 #include "press/kvzip_math.h"
@@ -49,15 +52,24 @@ Trained finish_model(const std::string& kind, const Surrogate& s, const Dataset&
   t.n_params = s.n_params();
   std::vector<float> pred;
   t.r2 = evaluate(s, test, &pool, &pred);
-  const fs::path dir = out / kind;
+  // Everything of one model goes to a staging folder first, swapped in whole (crash-safe: a kill never
+  // leaves a config.json that belongs to other weights).
+  const fs::path final_dir = out / kind;
+  const fs::path dir = out / (kind + ".partial-" + std::to_string(::getpid()));
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out, ec)) {  // leftovers of killed runs
+    const std::string name = e.path().filename().string();
+    if (name.rfind(kind + ".partial-", 0) == 0 || name.rfind(kind + ".old-", 0) == 0) fs::remove_all(e.path(), ec);
+  }
   s.save(dir.string());
   const int64_t n = test.size(), L = test.n_layers(), H = test.n_heads();
   std::vector<float> truth((size_t)(n * L * H));
   for (int64_t i = 0; i < n; i++) std::copy(test.y_record(i), test.y_record(i) + L * H, &truth[(size_t)(i * L * H)]);
   write_npy_f32((dir / "true.npy").string(), truth.data(), {n, L, H});
   write_npy_f32((dir / "pred.npy").string(), pred.data(), {n, L, H});
+  replace_dir(dir.string(), final_dir.string());
   std::fprintf(stderr, "train: %s: mean R² %.4f on %lld test pairs (%.1f s) -> %s\n", kind.c_str(), t.r2.mean(),
-               (long long)n, seconds, dir.c_str());
+               (long long)n, seconds, final_dir.c_str());
   return t;
 }
 
@@ -145,11 +157,11 @@ int run_train(const TrainArgs& a) {
     report["models"][t.kind] = {{"mean_r2", t.r2.mean()}, {"per_layer", per_layer}, {"per_head", per_head},
                                 {"train_seconds", t.seconds}, {"n_params", t.n_params}};
   }
-  std::ofstream(out / "report.json") << report.dump(2) << "\n";
-  std::ofstream md_file(out / "report.md");
-  md_file << "Held-out squared Pearson correlation (mean over the " << H << " KV heads of each layer); "
-          << train.size() << " training pairs, " << test.size() << " test pairs.\n\n" << md;
-  if (!md_file) throw Error((out / "report.md").string() + ": write failed");
+  write_file_atomic((out / "report.json").string(), report.dump(2) + "\n");
+  write_file_atomic((out / "report.md").string(),
+                    "Held-out squared Pearson correlation (mean over the " + std::to_string(H) +
+                        " KV heads of each layer); " + std::to_string(train.size()) + " training pairs, " +
+                        std::to_string(test.size()) + " test pairs.\n\n" + md);
   return 0;
 }
 

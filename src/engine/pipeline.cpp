@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "tokenizer/chat_prompt.h"
+
 namespace kvzap {
 
 ContextPrompt build_context_prompt(const Tokenizer& tok, const std::string& context,
@@ -9,14 +11,11 @@ ContextPrompt build_context_prompt(const Tokenizer& tok, const std::string& cont
                                    const std::string& answer_prefix) {
   ContextPrompt p;
   if (chat) {
-    const ChatFormat fmt = detect_chat_format(tok.vocab());
-    const std::string marker = "\x01KVZAP_SPLIT\x01";
-    const std::string rendered = apply_chat_template(fmt, {{"user", marker}}, ChatOptions{true, false});
-    const size_t at = rendered.find(marker);
-    const std::string prefix = rendered.substr(0, at), suffix = rendered.substr(at + marker.size());
-    p.context_ids = tok.encode(prefix + context, false, true);
+    const ChatPrompt prompt(tok);
+    const ChatPrompt::UserTurn turn = prompt.user_turn(ChatOptions{true, false});
+    p.context_ids = prompt.encode(turn.prefix + context);  // BOS as the one prompt builder decides
     for (const std::string& q : questions)
-      p.question_ids.push_back(tok.encode("\n\n" + q + suffix + answer_prefix, false, true));
+      p.question_ids.push_back(tok.encode("\n\n" + q + turn.suffix + answer_prefix, false, true));
   } else {
     p.context_ids = tok.encode(context, tok.vocab().add_bos, true);
     for (const std::string& q : questions) p.question_ids.push_back(tok.encode("\n\n" + q + "\n" + answer_prefix, false, true));

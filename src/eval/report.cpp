@@ -1,5 +1,7 @@
 #include "eval/report.h"
 
+#include "common/atomic_file.h"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -324,8 +326,7 @@ void write_results(const std::string& path, const std::vector<ResultRow>& rows) 
   } else {
     throw Error("results file must end in .csv or .json: " + path);
   }
-  std::ofstream out(path, std::ios::binary);
-  if (!out || !(out << text)) throw Error("cannot write results file " + path);
+  write_file_atomic(path, text);
 }
 
 std::vector<LeaderboardEntry> leaderboard(const std::vector<ResultRow>& rows, LeaderboardOrder order) {
@@ -536,8 +537,7 @@ std::vector<std::string> write_report(const std::vector<ResultRow>& rows, const 
   if (ec) throw Error("cannot create report folder " + out_dir + ": " + ec.message());
   std::vector<std::string> written;
   auto write = [&](const fs::path& path, const std::string& text) {
-    std::ofstream out(path, std::ios::binary);
-    if (!out || !(out << text)) throw Error("cannot write " + path.string());
+    write_file_atomic(path.string(), text);
     written.push_back(path.string());
   };
   write(fs::path(out_dir) / "leaderboard.md", leaderboard_markdown(rows, LeaderboardOrder::ByAverage, title));

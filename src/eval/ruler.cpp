@@ -16,6 +16,7 @@
 #include "eval/haystack.h"
 #include "eval/rng.h"
 #include "kvzap/error.h"
+#include "tokenizer/chat_prompt.h"
 
 namespace kvzap::eval {
 namespace {
@@ -930,19 +931,27 @@ std::vector<Sample> read_samples_jsonl(const std::string& path) {
   return out;
 }
 
-TokenCounter chat_token_counter(const Tokenizer& tok, ChatFormat fmt, const ChatOptions& opt) {
+namespace {
+
+TokenCounter user_turn_counter(const ChatPrompt& p, const ChatOptions& opt) {
   ChatOptions o = opt;
   o.add_generation_prompt = true;
-  const std::string sentinel = "@@KVZAP-CONTEXT@@";
-  const std::string rendered = apply_chat_template(fmt, {{"user", sentinel}}, o);
-  const size_t at = rendered.find(sentinel);
-  if (at == std::string::npos) throw Error("chat template dropped the user message");
-  const std::string prefix = rendered.substr(0, at), suffix = rendered.substr(at + sentinel.size());
-  const bool bos = tok.vocab().add_bos;
-  const Tokenizer* t = &tok;
-  return [t, prefix, suffix, bos](const std::string& context, const std::string& question) {
-    return (int64_t)(t->encode(prefix + context, bos).size() + t->encode(question + suffix, false).size());
+  const ChatPrompt::UserTurn turn = p.user_turn(o);
+  const auto prompt = std::make_shared<const ChatPrompt>(p);
+  const Tokenizer* t = &p.tokenizer();
+  return [t, prompt, turn](const std::string& context, const std::string& question) {
+    return (int64_t)(prompt->encode(turn.prefix + context).size() + t->encode(question + turn.suffix, false).size());
   };
+}
+
+}  // namespace
+
+TokenCounter chat_token_counter(const Tokenizer& tok, ChatFormat fmt, const ChatOptions& opt) {
+  return user_turn_counter(ChatPrompt(tok, fmt), opt);
+}
+
+TokenCounter chat_token_counter(const Tokenizer& tok, const ChatOptions& opt) {
+  return user_turn_counter(ChatPrompt(tok), opt);
 }
 
 TokenCounter approximate_token_counter() {

@@ -90,10 +90,13 @@ std::vector<Sample> read_samples_jsonl(const std::string& path);
 
 // The exact counter for a model: renders a user turn around a sentinel with `fmt` (generation
 // prompt on), splits it into template prefix and suffix as kvpress does, and returns
-// tokens(prefix + context, with BOS if the vocabulary adds one) + tokens(question + suffix).
+// ChatPrompt::encode(prefix + context) (one BOS: the template's or the vocabulary's) +
+// tokens(question + suffix).
 // Pass opt.enable_thinking = false for kvpress parity on Qwen3. The tokenizer must outlive the
 // counter.
 TokenCounter chat_token_counter(const Tokenizer& tok, ChatFormat fmt, const ChatOptions& opt = {});
+// The same with the model's own chat template (tokenizer/chat_prompt.h; built-in format without one).
+TokenCounter chat_token_counter(const Tokenizer& tok, const ChatOptions& opt = {});
 
 // Rough counter (template ignored, ~4 bytes per token) for tests and dry runs; never for a real
 // suite, whose lengths must come from the model's tokenizer.

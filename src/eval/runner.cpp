@@ -1,5 +1,7 @@
 #include "eval/runner.h"
 
+#include "common/atomic_file.h"
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -36,18 +38,7 @@ std::string dump(const nlohmann::json& j, int indent = -1) {
 }
 
 // Writes via a temporary file and a rename, so a reader (or a resumed sweep) never sees half a file.
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error(tmp + ": cannot open for writing");
-    out << text;
-    if (!out.flush()) throw Error(tmp + ": write failed");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw Error(path + ": cannot rename from " + tmp + ": " + ec.message());
-}
+void write_file_atomically(const std::string& path, const std::string& text) { write_file_atomic(path, text); }
 
 nlohmann::json read_json_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -78,22 +69,21 @@ const ScorerEntry* find_scorer(const std::string& name) {
 // ----------------------------------------------------------------------------------------------
 // Prompts.
 
-PromptBuilder::PromptBuilder(const Tokenizer& tok, ChatFormat fmt) : tok_(tok), fmt_(fmt) {
+PromptBuilder::PromptBuilder(ChatPrompt prompt) : tok_(prompt.tokenizer()), prompt_(std::move(prompt)) {
   ChatOptions o;
   o.add_generation_prompt = true;
   o.enable_thinking = false;
-  const std::string sentinel = "@@KVZAP-CONTEXT@@";
-  const std::string rendered = apply_chat_template(fmt, {{"user", sentinel}}, o);
-  const size_t at = rendered.find(sentinel);
-  if (at == std::string::npos) throw Error("chat template dropped the user message");
-  prefix_ = rendered.substr(0, at);
-  suffix_ = rendered.substr(at + sentinel.size());
+  const ChatPrompt::UserTurn turn = prompt_.user_turn(o);
+  prefix_ = turn.prefix;
+  suffix_ = turn.suffix;
 }
 
-PromptBuilder::PromptBuilder(const Tokenizer& tok) : PromptBuilder(tok, detect_chat_format(tok.vocab())) {}
+PromptBuilder::PromptBuilder(const Tokenizer& tok, ChatFormat fmt) : PromptBuilder(ChatPrompt(tok, fmt)) {}
+
+PromptBuilder::PromptBuilder(const Tokenizer& tok) : PromptBuilder(ChatPrompt(tok)) {}
 
 std::vector<int32_t> PromptBuilder::context_ids(const std::string& context) const {
-  return tok_.encode(prefix_ + context, tok_.vocab().add_bos);
+  return prompt_.encode(prefix_ + context);
 }
 
 std::vector<int32_t> PromptBuilder::question_ids(const std::string& question, const std::string& answer_prefix) const {
@@ -102,10 +92,10 @@ std::vector<int32_t> PromptBuilder::question_ids(const std::string& question, co
 
 TokenCounter PromptBuilder::counter() const {
   const Tokenizer* t = &tok_;
+  const auto prompt = std::make_shared<const ChatPrompt>(prompt_);
   const std::string prefix = prefix_, suffix = suffix_;
-  const bool bos = tok_.vocab().add_bos;
-  return [t, prefix, suffix, bos](const std::string& context, const std::string& question) {
-    return (int64_t)(t->encode(prefix + context, bos).size() + t->encode(question + suffix, false).size());
+  return [t, prompt, prefix, suffix](const std::string& context, const std::string& question) {
+    return (int64_t)(prompt->encode(prefix + context).size() + t->encode(question + suffix, false).size());
   };
 }
 

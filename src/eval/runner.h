@@ -14,21 +14,22 @@
 #include "eval/report.h"
 #include "eval/ruler.h"
 #include "press/press.h"
+#include "tokenizer/chat_prompt.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvzap::eval {
 
 // Tokens of a sample, split exactly as chat_token_counter() measures them when the suite is
 // generated (so a sample built for length N is fed as at most N - max_new_tokens tokens):
-//   context  = tokens(BOS if the vocabulary adds one + template prefix + context)
+//   context  = ChatPrompt::encode(template prefix + context)  (one BOS: the template's or the vocabulary's)
 //   question = tokens(question + template suffix + answer_prefix)
 // This is kvpress's split: the question follows the context directly (RULER contexts end in "\n"),
 // unlike engine/pipeline.h's build_context_prompt, which puts "\n\n" in between.
 class PromptBuilder {
  public:
   // Renders one user turn with the generation prompt on; enable_thinking off (kvpress default).
-  PromptBuilder(const Tokenizer& tok, ChatFormat fmt);
-  explicit PromptBuilder(const Tokenizer& tok);  // the vocabulary's own chat format
+  PromptBuilder(const Tokenizer& tok, ChatFormat fmt);  // a built-in format
+  explicit PromptBuilder(const Tokenizer& tok);  // the model's own chat template (built-in format without one)
 
   std::vector<int32_t> context_ids(const std::string& context) const;
   std::vector<int32_t> question_ids(const std::string& question, const std::string& answer_prefix) const;
@@ -36,8 +37,9 @@ class PromptBuilder {
   TokenCounter counter() const;
 
  private:
+  explicit PromptBuilder(ChatPrompt prompt);
   const Tokenizer& tok_;
-  ChatFormat fmt_;
+  ChatPrompt prompt_;
   std::string prefix_, suffix_;
 };
 

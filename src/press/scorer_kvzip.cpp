@@ -20,6 +20,7 @@
 #include "kvzap/error.h"
 #include "press/kvzip.h"
 #include "press/press.h"
+#include "tokenizer/chat_prompt.h"
 
 namespace kvzap {
 
@@ -53,12 +54,10 @@ void KvzipScorer::score_context(ContextView& ctx, CacheScores& out) {
 
   // Template pieces around the user content: the prefix is protected, the suffix (end of user turn +
   // assistant header) follows each repeat instruction.
-  const ChatFormat fmt = detect_chat_format(tok.vocab());
-  const std::string marker = "\x01KVZAP\x01";
-  const std::string rendered = apply_chat_template(fmt, {{"user", marker}}, ChatOptions{true, false});
-  const size_t at = rendered.find(marker);
-  const std::vector<int32_t> prefix = tok.encode(rendered.substr(0, at), false, true);
-  const std::vector<int32_t> suffix = tok.encode(rendered.substr(at + marker.size()), false, true);
+  const ChatPrompt prompt(tok);
+  const ChatPrompt::UserTurn turn = prompt.user_turn(ChatOptions{true, false});
+  const std::vector<int32_t> prefix = prompt.encode(turn.prefix);
+  const std::vector<int32_t> suffix = tok.encode(turn.suffix, false, true);
   int64_t start = 0;
   if ((int64_t)prefix.size() <= n_ctx && std::equal(prefix.begin(), prefix.end(), ids.begin())) start = (int64_t)prefix.size();
   protected_ = std::max<int64_t>(start, std::min<int64_t>(kSinks, n_ctx));

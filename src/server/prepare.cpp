@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <random>
 
+#include "tokenizer/chat_prompt.h"
+
 namespace kvzap::server {
 
 std::unique_ptr<Press> PressFactory::make(const PressOptions& o, const std::string& key) {
@@ -68,7 +70,7 @@ std::string press_label(bool has_press, const PressOptions& o) { return has_pres
 std::vector<int32_t> prompt_tokens(const CompletionRequest& r, const Tokenizer& tok) {
   try {
     if (r.endpoint == Endpoint::Chat)
-      return tok.encode(apply_chat_template(detect_chat_format(tok.vocab()), r.messages), false, true);
+      return ChatPrompt(tok).encode(r.messages);
     if (r.prompt_text) return tok.encode(*r.prompt_text, tok.vocab().add_bos, true);
   } catch (const Error& e) {
     throw invalid_request(e.what());

@@ -283,7 +283,7 @@ json parse_body(const std::string& text) {
   if (text.empty()) throw invalid_request("the request body is empty: expected a JSON object");
   try {
     return json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number such as 1e309
     std::string what = e.what();
     // nlohmann's message starts with "[json.exception.parse_error.101] "; keep the readable part.
     if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);

@@ -1,5 +1,7 @@
 #include "train/targets.h"
 
+#include "common/atomic_file.h"
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -9,6 +11,7 @@
 
 #include "kernels/thread_pool.h"
 #include "kvzap/error.h"
+#include "tokenizer/chat_prompt.h"
 
 namespace kvzap {
 
@@ -57,15 +60,14 @@ std::string strip_text(const std::string& s) {
 RepeatPrompt build_repeat_prompt(const Tokenizer& tok, const std::string& raw_text) {
   const std::string t = strip_text(raw_text);
   if (t.empty()) throw Error("repeat prompt: the text is empty");
-  const ChatFormat fmt = detect_chat_format(tok.vocab());
+  const ChatPrompt prompt(tok);
   ChatOptions co;
   co.add_generation_prompt = false;
-  const std::string rendered = apply_chat_template(fmt, {{"user", t + kRepeatInstruction}, {"assistant", t}}, co);
+  const std::string rendered = prompt.render({{"user", t + kRepeatInstruction}, {"assistant", t}}, co);
   const size_t a = rendered.find(t);
   const size_t b = a == std::string::npos ? a : rendered.find(t, a + t.size() + std::string(kRepeatInstruction).size());
   if (b == std::string::npos) throw Error("repeat prompt: the chat template did not keep the text verbatim");
-  const bool bos = tok.vocab().add_bos;
-  const std::vector<int32_t> p0 = tok.encode(rendered.substr(0, a), bos, true);
+  const std::vector<int32_t> p0 = prompt.encode(rendered.substr(0, a));
   const std::vector<int32_t> tt = tok.encode(t, false, true);
   const std::vector<int32_t> p1 = tok.encode(rendered.substr(a + t.size(), b - a - t.size()), false, true);
   const std::vector<int32_t> p2 = tok.encode(rendered.substr(b + t.size()), false, true);
@@ -76,7 +78,7 @@ RepeatPrompt build_repeat_prompt(const Tokenizer& tok, const std::string& raw_te
   r.start_rep = r.end_prompt + (int64_t)p1.size();
   r.end_rep = r.start_rep + (int64_t)tt.size();
   // The pieces must be exactly how the whole conversation tokenises (no merge across a boundary).
-  if (tok.encode(rendered, bos, true) != r.ids)
+  if (prompt.encode(rendered) != r.ids)
     throw Error("repeat prompt: the text does not tokenise the same inside the chat template");
   if (!std::equal(r.ids.begin() + r.start_prompt, r.ids.begin() + r.end_prompt, r.ids.begin() + r.start_rep))
     throw Error("repeat prompt: the two copies of the text differ in tokens");
@@ -316,9 +318,8 @@ void check_settings(const std::string& path, const std::string& settings) {
                   "); use another --out or delete both files");
     return;
   }
-  std::ofstream f(side);
-  f << settings << "\n";
-  if (!f) throw Error(side + ": write failed");
+  // Atomically: a torn sidecar would make every rerun refuse the dataset as "different settings".
+  write_file_atomic(side, settings + "\n");
 }
 
 }  // namespace

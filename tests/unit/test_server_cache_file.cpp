@@ -2,6 +2,11 @@
 // positions, n_past, tokens, logits); a truncated, corrupt, other-version or foreign-model file is
 // refused with a one-line error and leaves nothing behind.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 
 #include <cstring>
 #include <filesystem>
@@ -104,6 +109,23 @@ class CacheFile : public ::testing::Test {
 
 Model* CacheFile::model_ = nullptr;
 
+// Found by fuzz_cache_file (fuzz/regressions/cache_file/zero-tokens-null-memcpy): a file with no
+// context tokens made the loader memcpy from a null vector (UB, caught by UBSan).
+TEST_F(CacheFile, EmptyContextRoundTrips) {
+  const ModelConfig& c = model_->config();
+  KvCache empty(c.n_layer, c.n_head_kv, c.head_dim);
+  CacheFileMeta m;
+  m.press = "none";
+  save_cache_file(path("empty.kvc"), *model_, empty, m);
+  KvCache back(c.n_layer, c.n_head_kv, c.head_dim);
+  const CacheFileMeta got = load_cache_file(path("empty.kvc"), *model_, back);
+  EXPECT_TRUE(got.tokens.empty());
+  EXPECT_TRUE(got.logits.empty());
+  EXPECT_EQ(got.press, "none");
+  EXPECT_EQ(back.n_past(), 0);
+  EXPECT_EQ(back.entries_kept(), 0);
+}
+
 TEST_F(CacheFile, RoundTripIsExact) {
   const int n = 37;
   auto cache = make_cache(n);
@@ -126,7 +148,38 @@ TEST_F(CacheFile, RoundTripIsExact) {
         ASSERT_EQ(std::memcmp(back.value_at(l, h, i), cache->value_at(l, h, i), c.head_dim * 2), 0);
       }
     }
-  EXPECT_FALSE(std::filesystem::exists(path("a.kvc.partial")));
+  for (const auto& e : std::filesystem::directory_iterator(dir_))  // no temporary left behind
+    EXPECT_EQ(e.path().filename(), "a.kvc") << e.path();
+}
+
+// A failed write (the file size limit stands in for a full disk) is a one-line error, leaves the
+// previous good file byte for byte, and no temporary.
+TEST_F(CacheFile, FailedWriteKeepsThePreviousFile) {
+  auto small = make_cache(5);
+  save_cache_file(path("a.kvc"), *model_, *small, meta(5));
+  const std::string before = read(path("a.kvc"));
+  auto big = make_cache(300);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {  // child: a file size limit below the new file's size; SIGXFSZ ignored -> EFBIG
+    ::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit lim {};
+    lim.rlim_cur = lim.rlim_max = (rlim_t)before.size() + 4096;
+    ::setrlimit(RLIMIT_FSIZE, &lim);
+    try {
+      save_cache_file(path("a.kvc"), *model_, *big, meta(300));
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      ::_exit(what.find("write failed") != std::string::npos && what.find('\n') == std::string::npos ? 42 : 1);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 42) << "the write did not fail with a clear error";
+  EXPECT_EQ(read(path("a.kvc")), before);
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) EXPECT_EQ(e.path().filename(), "a.kvc") << e.path();
 }
 
 TEST_F(CacheFile, BadFilesAreRefused) {

@@ -186,6 +186,20 @@ TEST(ServerRequest, MalformedJson) {
   EXPECT_EQ(parse_body("{\"a\": 1}")["a"], 1);
 }
 
+// Found by fuzz_request (fuzz/regressions/request/number-overflow-1e309.json): a number too large for
+// a double made nlohmann throw out_of_range, not parse_error, which escaped parse_body (a 500).
+TEST(ServerRequest, NumberOverflowIsA400) {
+  for (const char* text : {"1e309", "{\"temperature\": 1e400}", "[-1e99999]"}) {
+    try {
+      parse_body(text);
+      ADD_FAILURE() << "accepted " << text;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status(), 400) << text;
+      EXPECT_NE(std::string(e.what()).find("malformed JSON"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(ServerAuth, KeysMatchExactly) {
   ApiKeys keys({"secret-one", "secret-two"});
   EXPECT_TRUE(keys.enabled());

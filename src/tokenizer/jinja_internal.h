@@ -1,0 +1,41 @@
+// Shared between jinja.cpp (lexer, parser, evaluator) and jinja_builtins.cpp (operators, filters,
+// tests, Python methods, globals). Not part of the public interface.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+
+#include "tokenizer/jinja.h"
+
+namespace kvzap::jinja {
+
+// Throws kvzap::Error("chat template: <msg> at line <line>"); line 0 = the line of the call being run.
+[[noreturn]] void fail(int line, const std::string& msg);
+
+// Sets the line fail(0, ...) reports while a function, filter or test runs (restored on exit).
+extern thread_local int g_call_line;
+struct CallLine {
+  int saved;
+  explicit CallLine(int line) : saved(g_call_line) { g_call_line = line; }
+  ~CallLine() { g_call_line = saved; }
+  CallLine(const CallLine&) = delete;
+  CallLine& operator=(const CallLine&) = delete;
+};
+
+// UTF-8 helpers that never fail: an ill-formed byte counts as one code point U+FFFD.
+size_t cp_len(const std::string& s, size_t i);
+uint32_t decode_cp(const std::string& s, size_t i);
+void append_cp(std::string& out, uint32_t cp);
+bool is_space_cp(uint32_t cp);  // Python's str.isspace()
+
+Value get_attr(const Value& obj, const std::string& name, int line);   // obj.name
+Value get_item(const Value& obj, const Value& key, int line);          // obj[key]
+Value slice(const Value& obj, const Value& start, const Value& stop, const Value& step, int line);
+Value binary_op(const std::string& op, const Value& l, const Value& r, int line);  // + - * / // % **
+bool compare_op(const std::string& op, const Value& l, const Value& r, int line);  // == != < > <= >= in, not in
+Value invoke(const Value& fn, const CallArgs& args, int line);
+Value call_filter(const std::string& name, const Value& v, const CallArgs& args, int line);
+bool call_test(const std::string& name, const Value& v, const CallArgs& args, int line);
+void add_globals(std::unordered_map<std::string, Value>& vars);
+
+}  // namespace kvzap::jinja
