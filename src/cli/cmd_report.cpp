@@ -10,6 +10,7 @@
 
 #include "cli/cli_common.h"
 #include "eval/report.h"
+#include "eval/runner.h"
 
 namespace kvzap::cli {
 namespace {
@@ -42,15 +43,24 @@ int run_report(const ReportArgs& a) {
   std::vector<eval::ResultRow> rows;
   std::set<std::tuple<std::string, std::string, double, std::string>> seen;
   int dropped = 0;
-  for (const std::string& input : a.inputs)
+  // Shard folders of one sweep (`kvzap sweep --shard i/n`) are merged cell by cell first.
+  std::vector<std::string> shards, plain;
+  for (const std::string& input : a.inputs) (eval::is_shard_folder(input) ? shards : plain).push_back(input);
+  std::vector<eval::ResultRow> merged;
+  if (!shards.empty()) merged = eval::merge_shard_folders(shards);
+  auto add = [&](const eval::ResultRow& r) {
+    // The same cell reached through two inputs (e.g. no_press in two sweeps): keep the first.
+    if (!seen.insert({r.press, r.setting_kind, r.setting, r.task}).second) {
+      dropped++;
+      return;
+    }
+    rows.push_back(r);
+  };
+  for (const eval::ResultRow& r : merged) add(r);
+  for (const std::string& input : plain)
     for (const std::string& file : result_files(input))
       for (const eval::ResultRow& r : eval::read_results(file)) {
-        // The same cell reached through two inputs (e.g. no_press in two sweeps): keep the first.
-        if (!seen.insert({r.press, r.setting_kind, r.setting, r.task}).second) {
-          dropped++;
-          continue;
-        }
-        rows.push_back(r);
+        add(r);
       }
   if (rows.empty()) throw Error("no result rows in the inputs");
   if (dropped > 0)

@@ -20,9 +20,20 @@ struct SweepArgs {
   uint64_t seed = 42, press_seed = 42;
   int window = 128;
   bool decoding = false, no_baseline = false, dry_run = false, quiet = false;
+  std::string shard;  // "i/n"
 };
 
+// "i/n" -> (i, n); throws kvzap::Error on anything else.
+std::pair<int, int> parse_shard(const std::string& s) {
+  int i = -1, n = -1;
+  char tail = 0;
+  if (std::sscanf(s.c_str(), "%d/%d%c", &i, &n, &tail) != 2 || n < 1 || i < 0 || i >= n)
+    throw Error("invalid --shard '" + s + "' (expected i/n with 0 <= i < n, e.g. 0/3)");
+  return {i, n};
+}
+
 int run_sweep(SweepArgs a) {
+  const auto [shard_index, shard_count] = a.shard.empty() ? std::pair<int, int>{0, 1} : parse_shard(a.shard);
   PressOptions base;
   base.ratio_scope = a.scope;
   base.window = a.window;
@@ -58,7 +69,10 @@ int run_sweep(SweepArgs a) {
 
   eval::RunOptions run;
   run.quiet = a.quiet;
-  const eval::SweepResult r = eval::run_sweep(setup, cells, a.out, run);
+  const eval::SweepResult r = eval::run_sweep(setup, cells, a.out, run, shard_index, shard_count);
+  if (shard_count > 1)
+    std::fprintf(stderr, "shard %d/%d done; merge the shard folders with `kvzap report SHARD_DIRS... --out DIR`\n",
+                 shard_index, shard_count);
   std::printf("%s\n", eval::leaderboard_markdown(r.rows).c_str());
   std::fprintf(stderr, "[%d cells run, %d already done, %s; %s/results.csv]\n", r.cells_run, r.cells_skipped,
                format_duration(r.seconds).c_str(), a.out.c_str());
@@ -96,6 +110,8 @@ RegisterCommand reg("sweep", "run the suite over a grid of presses and settings 
   sub.add_option("--surrogate", a->surrogate, "KVzap surrogate folder (for a sweep with one kvzap press)");
   sub.add_option("--press-seed", a->press_seed, "seed of the random press");
   sub.add_flag("--no-baseline", a->no_baseline, "skip the full-cache cell");
+  sub.add_option("--shard", a->shard, "run a deterministic 1/n of the cells x samples: i/n (0 <= i < n); "
+                                      "`kvzap report` merges the shard folders");
   sub.add_flag("--dry-run", a->dry_run, "list the cells and whether they are done, run nothing");
   sub.add_flag("-q,--quiet", a->quiet, "no progress on stderr");
   return [a]() { return run_sweep(*a); };

@@ -2,7 +2,9 @@
 
 #include "common/atomic_file.h"
 
+#include <algorithm>
 #include <chrono>
+#include <map>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -411,11 +413,29 @@ std::vector<PressOptions> plan_sweep(const std::vector<std::string>& presses, co
 }
 
 SweepResult run_sweep(const EvalSetup& setup, const std::vector<PressOptions>& cells, const std::string& out_dir,
-                      const RunOptions& opt) {
+                      const RunOptions& opt, int shard_index, int shard_count) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (shard_count < 1 || shard_index < 0 || shard_index >= shard_count)
+    throw Error("invalid shard " + std::to_string(shard_index) + "/" + std::to_string(shard_count) +
+                " (expected i/n with 0 <= i < n)");
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) throw Error(out_dir + ": cannot create folder: " + ec.message());
+  const fs::path shard_file = fs::path(out_dir) / "shard.json";
+  if (shard_count > 1) {
+    const nlohmann::json want = {{"index", shard_index}, {"count", shard_count}, {"suite", setup.suite}};
+    if (fs::exists(shard_file, ec) && read_json_file(shard_file.string()) != want)
+      throw Error(out_dir + " holds another shard or suite; use another --out folder");
+    write_file_atomically(shard_file.string(), dump(want, 2) + "\n");
+  } else if (fs::exists(shard_file, ec)) {
+    throw Error(out_dir + " is a shard folder; an unsharded sweep needs another --out folder");
+  }
+  // This shard's samples of each cell.
+  const int64_t n_samples = (int64_t)setup.samples.size();
+  std::vector<std::vector<Sample>> cell_samples(cells.size());
+  for (size_t c = 0; c < cells.size(); c++)
+    for (int64_t i = 0; i < n_samples; i++)
+      if (((int64_t)c * n_samples + i) % shard_count == shard_index) cell_samples[c].push_back(setup.samples[(size_t)i]);
 
   // Check every finished cell before running anything, so a mismatch fails fast.
   std::vector<bool> done(cells.size(), false);
@@ -432,14 +452,17 @@ SweepResult run_sweep(const EvalSetup& setup, const std::vector<PressOptions>& c
     n_done++;
   }
 
-  const int64_t per_cell = (int64_t)setup.samples.size();
-  const int64_t total = per_cell * (int64_t)cells.size();
-  Progress overall("sweep", total, "sample", per_cell * n_done, opt.quiet ? nullptr : stderr);
+  int64_t total = 0, finished_samples = 0;
+  for (size_t c = 0; c < cells.size(); c++) {
+    total += (int64_t)cell_samples[c].size();
+    if (done[c]) finished_samples += (int64_t)cell_samples[c].size();
+  }
+  Progress overall("sweep", total, "sample", finished_samples, opt.quiet ? nullptr : stderr);
   SweepResult result;
-  int64_t finished_samples = per_cell * n_done;
   for (size_t c = 0; c < cells.size(); c++) {
     const PressOptions* p = cells[c].name.empty() ? nullptr : &cells[c];
     const fs::path dir = fs::path(out_dir) / cell_dir_name(p);
+    if (cell_samples[c].empty()) continue;  // none of this cell's samples belong to this shard
     if (done[c]) {
       result.cells_skipped++;
       const auto rows = read_results((dir / "tasks.csv").string());
@@ -452,8 +475,9 @@ SweepResult run_sweep(const EvalSetup& setup, const std::vector<PressOptions>& c
     std::snprintf(head, sizeof head, "[%zu/%zu ", c + 1, cells.size());
     run.label = std::string(head) + cell_dir_name(p) + "]";
     const auto tc = std::chrono::steady_clock::now();
-    const CellResult cell = run_cell(setup, p, dir.string(), run);
-    finished_samples += per_cell;
+    const EvalSetup shard_setup{setup.model, setup.session, setup.prompts, cell_samples[c], setup.suite};
+    const CellResult cell = run_cell(shard_setup, p, dir.string(), run);
+    finished_samples += (int64_t)cell_samples[c].size();
     overall.update(finished_samples);
     result.cells_run++;
     result.rows.insert(result.rows.end(), cell.rows.begin(), cell.rows.end());
@@ -467,6 +491,65 @@ SweepResult run_sweep(const EvalSetup& setup, const std::vector<PressOptions>& c
   write_results((fs::path(out_dir) / "results.csv").string(), result.rows);
   result.seconds = seconds_since(t0);
   return result;
+}
+
+bool is_shard_folder(const std::string& dir) {
+  std::error_code ec;
+  return fs::exists(fs::path(dir) / "shard.json", ec);
+}
+
+std::vector<ResultRow> merge_shard_folders(const std::vector<std::string>& dirs) {
+  int count = -1;
+  nlohmann::json suite;
+  std::vector<bool> seen;
+  struct Cell {
+    nlohmann::json summary;
+    std::vector<std::pair<int64_t, SampleResult>> results;  // (sample index, result)
+  };
+  std::map<std::string, Cell> cells;
+  for (const std::string& d : dirs) {
+    const nlohmann::json sh = read_json_file((fs::path(d) / "shard.json").string());
+    const int idx = sh.at("index").get<int>(), n = sh.at("count").get<int>();
+    if (count < 0) {
+      count = n;
+      suite = sh.at("suite");
+      seen.assign((size_t)n, false);
+    }
+    if (n != count || sh.at("suite") != suite)
+      throw Error(d + ": a shard of another sweep (shard count or suite differs)");
+    if (idx < 0 || idx >= n || seen[(size_t)idx]) throw Error(d + ": shard " + std::to_string(idx) + " given twice or out of range");
+    seen[(size_t)idx] = true;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(d, ec)) {
+      if (!e.is_directory() || !cell_finished(e.path().string())) continue;
+      Cell& cell = cells[e.path().filename().string()];
+      const nlohmann::json summary = read_json_file((e.path() / "summary.json").string());
+      if (cell.summary.is_null()) cell.summary = summary;
+      std::ifstream in(e.path() / "samples.jsonl");
+      std::string line;
+      while (std::getline(in, line)) {
+        if (line.empty()) continue;
+        const SampleOutcome o = outcome_from_json(nlohmann::json::parse(line));
+        cell.results.push_back({o.index, SampleResult{o.task, o.score, o.evicted_fraction}});
+      }
+    }
+  }
+  for (int i = 0; i < count; i++)
+    if (!seen[(size_t)i]) throw Error("shard " + std::to_string(i) + "/" + std::to_string(count) + " is missing from the inputs");
+  std::vector<ResultRow> rows;
+  for (auto& [name, cell] : cells) {
+    // The unsharded order: by task (as the suite lists them), then sample index.
+    std::stable_sort(cell.results.begin(), cell.results.end(), [](const auto& a, const auto& b) {
+      return a.second.task != b.second.task ? a.second.task < b.second.task : a.first < b.first;
+    });
+    std::vector<SampleResult> results;
+    for (const auto& r : cell.results) results.push_back(r.second);
+    const nlohmann::json& s = cell.summary;
+    const auto part = rows_from_task_scores(s.at("press").get<std::string>(), s.at("setting_kind").get<std::string>(),
+                                            s.at("setting").get<double>(), aggregate_by_task(results));
+    rows.insert(rows.end(), part.begin(), part.end());
+  }
+  return rows;
 }
 
 nlohmann::json suite_description(const SuiteOptions& opt, const std::vector<Sample>& samples,

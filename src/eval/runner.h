@@ -146,8 +146,16 @@ struct SweepResult {
 // suite matches setup.suite; a mismatch throws, so results of different suites never mix), and
 // writes out_dir/results.csv with all rows. An overall progress line (samples of all cells, ETA)
 // goes to stderr unless opt.quiet.
+// shard_index / shard_count: run only the (cell c, sample s) units with (c * n_samples + s) % count ==
+// index — a deterministic 1/count of the grid, so machines can split a sweep; OUT/shard.json records
+// the shard and `kvzap report` merges the shard folders (merge_shard_folders).
 SweepResult run_sweep(const EvalSetup& setup, const std::vector<PressOptions>& cells, const std::string& out_dir,
-                      const RunOptions& opt = {});
+                      const RunOptions& opt = {}, int shard_index = 0, int shard_count = 1);
+// True if `dir` is the output folder of a sharded sweep (it holds shard.json).
+bool is_shard_folder(const std::string& dir);
+// Result rows of the cells of several shard folders of one sweep, each cell's samples pooled over the
+// shards (every shard 0..n-1 must be present, with the same suite). Throws kvzap::Error otherwise.
+std::vector<ResultRow> merge_shard_folders(const std::vector<std::string>& dirs);
 
 // Suite description for EvalSetup::suite.
 nlohmann::json suite_description(const SuiteOptions& opt, const std::vector<Sample>& samples,

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
 
@@ -357,3 +358,52 @@ TEST(Faithfulness, NoOpPressAgreesExactlyAndRealPruningDoesNot) {
   opt.context_tokens = 5000;  // longer than the text
   EXPECT_THROW(measure_faithfulness(full, pressed, noop.get(), ids, opt), Error);
 }
+
+namespace {
+TEST(EvalSweep, ShardsTogetherEqualTheUnshardedSweep) {
+  // A tiny grid: 2 tasks x 2 samples, no press + knorm at 0.5; three shards split the 8 (cell, sample)
+  // units; merged, they give the unsharded rows exactly.
+  const Model& m = model();
+  const PromptBuilder prompts(m.tokenizer());
+  SuiteOptions opt;
+  opt.tasks = {"niah_single_1", "niah_single_2"};
+  opt.length = 300;
+  opt.samples_per_task = 2;
+  opt.count_tokens = prompts.counter();
+  const std::vector<Sample> samples = generate_suite(opt);
+  Session session(m, small_session(600));
+  const EvalSetup setup{m, session, prompts, samples, suite_description(opt, samples, m.config().name)};
+  PressOptions base;
+  base.ratio_scope = "kvpress";
+  const auto cells = plan_sweep({"knorm"}, {0.5}, {}, base);
+  RunOptions quiet;
+  quiet.quiet = true;
+  TempDir whole, s0, s1, s2;
+  const SweepResult full = run_sweep(setup, cells, whole.str(), quiet);
+  int64_t shard_samples = 0;
+  const std::string dirs[3] = {s0.str(), s1.str(), s2.str()};
+  for (int i = 0; i < 3; i++) {
+    const SweepResult r = run_sweep(setup, cells, dirs[i], quiet, i, 3);
+    for (const auto& row : r.rows) shard_samples += row.n;
+    EXPECT_TRUE(is_shard_folder(dirs[i]));
+  }
+  EXPECT_EQ(shard_samples, 8);  // every unit ran exactly once
+  std::vector<ResultRow> merged = merge_shard_folders({dirs[2], dirs[0], dirs[1]});
+  ASSERT_EQ(merged.size(), full.rows.size());
+  auto key = [](const ResultRow& r) { return r.press + "/" + r.task; };
+  std::map<std::string, ResultRow> by_key;
+  for (const ResultRow& r : merged) by_key[key(r)] = r;
+  for (const ResultRow& r : full.rows) {
+    ASSERT_TRUE(by_key.count(key(r))) << key(r);
+    const ResultRow& g = by_key[key(r)];
+    EXPECT_EQ(g.n, r.n) << key(r);
+    EXPECT_DOUBLE_EQ(g.score, r.score) << key(r);
+    EXPECT_NEAR(g.evicted_fraction, r.evicted_fraction, 1e-12) << key(r);
+  }
+  // A missing shard is an error, so is a shard given twice; an unsharded run refuses a shard folder.
+  EXPECT_THROW(merge_shard_folders({dirs[0], dirs[1]}), Error);
+  EXPECT_THROW(merge_shard_folders({dirs[0], dirs[0], dirs[1]}), Error);
+  EXPECT_THROW(run_sweep(setup, cells, dirs[0], quiet), Error);
+  EXPECT_THROW(run_sweep(setup, cells, dirs[0], quiet, 3, 3), Error);
+}
+}  // namespace
