@@ -24,6 +24,7 @@ struct BenchArgs {
   std::vector<int> parallel;              // aggregate throughput with this many concurrent sequences
   bool capacity = false;                  // how many sequences fit a KV budget (with --press or not)
   std::string kv_budget;                  // --kv-budget for --capacity
+  std::string text_file;                  // --capacity: prompts are windows of this text (else random ids)
   int max_sequences = 256;
   PressArgs press;
 };
@@ -133,13 +134,25 @@ nlohmann::json capacity_run(const Model& model, const BenchArgs& a) {
   eo.kv_budget_bytes = a.kv_budget.empty() ? 0 : parse_byte_size(a.kv_budget);
   Engine engine(model, eo);
   std::vector<std::unique_ptr<Sequence>> seqs;
-  std::vector<std::unique_ptr<Press>> presses;
+  // Natural text prunes like real prompts do (random ids do not): windows of the file's tokens.
+  std::vector<int32_t> text_ids;
+  if (!a.text_file.empty()) {
+    text_ids = model.tokenizer().encode(read_text_file(a.text_file), false, false);
+    if ((int64_t)text_ids.size() < a.prefill + 1)
+      throw Error(a.text_file + ": " + std::to_string(text_ids.size()) + " tokens, fewer than --prefill");
+  }
+  auto prompt_for = [&](size_t i) {
+    if (text_ids.empty()) return bench_prompt(a.prefill, V, i);
+    const size_t span = text_ids.size() - (size_t)a.prefill;
+    const size_t at = (i * 1543) % (span + 1);
+    return std::vector<int32_t>(text_ids.begin() + (long)at, text_ids.begin() + (long)at + a.prefill);
+  };
   auto t0 = std::chrono::steady_clock::now();
   while ((int)seqs.size() < a.max_sequences) {
     auto seq = engine.new_sequence();
     if (seq->cache().pages_needed(a.prefill + a.decode) > engine.pages().pages_available()) break;
     seq->set_press(a.press.make(model));
-    const std::vector<int32_t> p = bench_prompt(a.prefill, V, seqs.size());
+    const std::vector<int32_t> p = prompt_for(seqs.size());
     seq->begin_context();
     engine.feed(*seq, p.data(), (int64_t)p.size(), LogitsMode::Last);
     seq->end_context(p);
@@ -336,6 +349,7 @@ RegisterCommand reg("bench", "measure prefill and decode speed", [](CLI::App& su
   sub.add_flag("--capacity", a->capacity, "admit --prefill-token sequences until the KV budget is full, then decode "
                                           "them all; with --press, under that press");
   sub.add_option("--kv-budget", a->kv_budget, "KV memory budget for --capacity (e.g. 512MiB)");
+  sub.add_option("--text-file", a->text_file, "--capacity: prompts are windows of this text file's tokens");
   sub.add_option("--max-sequences", a->max_sequences, "upper bound for --capacity")->check(CLI::Range(1, 100000));
   a->press.add_to(sub, /*with_surrogate=*/false);
   return [a]() { return run_bench(*a); };
