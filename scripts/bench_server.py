@@ -226,8 +226,15 @@ ADJ = """old new small large early late quiet bright cold warm simple strange co
 light narrow wide calm busy distant golden silver green""".split()
 
 
+TEXT_WORDS: list[str] = []  # --text-file: prompts are windows of this text's words instead
+
+
 def make_text(index: int, n_words: int) -> str:
     """Deterministic, distinct English-like text of exactly n_words words; request `index` always gets the same."""
+    if TEXT_WORDS and index < 10_000:
+        span = max(1, len(TEXT_WORDS) - n_words)
+        at = (index * 1543) % span
+        return " ".join(TEXT_WORDS[at:at + n_words])
     rng = random.Random(7919 * (index + 1))
     words = [f"Record {index} ({rng.choice(ADJ)} {rng.choice(WORDS)}):"]
     n = 3
@@ -571,6 +578,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request (default 64)")
     ap.add_argument("--prompt-tokens", type=int, default=128, help="about this many prompt tokens (default 128)")
     ap.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
+    ap.add_argument("--text-file", type=Path, help="prompts are windows of this text (default: generated words)")
     ap.add_argument("--timeout", type=float, default=300, help="hard limit in seconds for one workload (default 300)")
     ap.add_argument("--request-timeout", type=float, default=120, help="read timeout per request (default 120)")
     ap.add_argument("--startup-timeout", type=float, default=120, help="seconds to wait for /health (default 120)")
@@ -590,6 +598,8 @@ def main() -> int:
     ap.add_argument("--log-dir", type=Path, help="server logs here (default: a new folder under /tmp)")
     ap.add_argument("--json", dest="json_out", type=Path, help="write all figures (and per-request records) here")
     args = ap.parse_args()
+    if args.text_file:
+        TEXT_WORDS.extend(args.text_file.read_text(encoding="utf-8").split())
 
     if bool(args.server) == bool(args.url):
         ap.error("give exactly one of --server and --url")

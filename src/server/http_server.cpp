@@ -2,6 +2,8 @@
 
 #include <httplib.h>
 
+#include <sys/socket.h>
+
 #include <atomic>
 #include <cstdio>
 #include <ctime>
@@ -333,7 +335,21 @@ void HttpServer::Impl::routes() {
 HttpServer::HttpServer(HttpOptions opt, Metrics& metrics) : impl_(std::make_unique<Impl>(std::move(opt), metrics)) { impl_->routes(); }
 HttpServer::~HttpServer() = default;
 
-bool HttpServer::bind() { return impl_->http.bind_to_port(impl_->opt.host, impl_->opt.port); }
+bool HttpServer::bind() {
+  // cpp-httplib 0.11 listens with a backlog of 5 (a compile-time constant of the packaged library): a
+  // burst of clients overflows it and some connections are reset. The listening socket is caught here
+  // and listen() is called again with a real backlog (Linux adjusts the backlog of a listening socket).
+  int listen_fd = -1;
+  impl_->http.set_socket_options([&listen_fd](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd = (int)sock;
+  });
+  const bool ok = impl_->http.bind_to_port(impl_->opt.host, impl_->opt.port);
+  impl_->http.set_socket_options(httplib::default_socket_options);  // the lambda's capture dies here
+  if (!ok) return false;
+  if (listen_fd >= 0) ::listen(listen_fd, 1024);
+  return true;
+}
 
 void HttpServer::attach(const Model& model, Engine& engine, Scheduler& scheduler, const ServerDefaults& defaults) {
   impl_->model = &model;

@@ -201,6 +201,14 @@ bool Scheduler::try_admit(std::unique_ptr<Job>& job) {
   const int64_t need = a->seq->cache().pages_needed((int64_t)a->feed.size()) + headroom;
   PagePool& pool = engine_.pages();
   auto available = [&] { return pool.pages_available() - reserved_prefill_pages(); };
+  // A prompt that needs a large share of the budget waits until no other prompt is being prefilled:
+  // prefill runs one request at a time anyway (chunks are handed out in order), and every admitted
+  // prompt reserves its full, not yet pruned, size — so admitting several at once would hold back
+  // room that pruned requests could use to decode.
+  if (pool.budget_bytes() > 0 && need * 8 > pool.budget_bytes() / pool.page_bytes()) {
+    for (const auto& r : running_)
+      if (!r->done && !r->decoding && r->fed < r->feed.size()) return false;
+  }
   while (need > available() && prefix_.evict_lru()) {}
   if (need > available()) {
     if (running_.empty()) {
