@@ -30,18 +30,17 @@ pytest_rc=0
 python3 -m pytest -q tests/python/test_server*.py || pytest_rc=$?
 if [ "$pytest_rc" -ne 0 ]; then failed=$((failed + 1)); echo "!! FAILED: server tests (pytest exit $pytest_rc)"; fi
 # Sanitizer jobs (scripts/test_sanitizers.sh, docs/RELIABILITY.md): the whole suite under ASan+UBSan, the
-# threaded parts and the server tests under TSan, each in its own build folder. On in CI (CI=true); off
-# locally unless KVZAP_SANITIZERS=1 (or a job list: KVZAP_SANITIZERS=asan); KVZAP_SANITIZERS=0 skips them.
-san="${KVZAP_SANITIZERS:-}"
-if [ -z "$san" ]; then if [ "${CI:-}" = true ]; then san=1; else san=0; fi; fi
+# threaded parts and the server tests under TSan, each in its own build folder. Off unless
+# KVZAP_SANITIZERS=1 (or a job list: KVZAP_SANITIZERS=asan,tsan): their cold-cache time on CI's 2 cores
+# is not measured yet (docs/RELIABILITY.md), and CI must finish within 90 minutes.
+san="${KVZAP_SANITIZERS:-0}"
 if [ "$san" != 0 ]; then
   san_jobs=(); [ "$san" != 1 ] && read -r -a san_jobs <<<"${san//,/ }"
   echo "== sanitizer jobs: ${san_jobs[*]:-asan tsan}"
   if ! bash scripts/test_sanitizers.sh "${san_jobs[@]}"; then failed=$((failed + 1)); echo "!! FAILED: sanitizer jobs"; fi
 fi
-# Fuzzing (scripts/fuzz.sh): every harness for KVZAP_FUZZ_SECONDS each; 60 in CI, off locally (0).
-fz="${KVZAP_FUZZ_SECONDS:-}"
-if [ -z "$fz" ]; then if [ "${CI:-}" = true ]; then fz=60; else fz=0; fi; fi
+# Fuzzing (scripts/fuzz.sh): every harness for KVZAP_FUZZ_SECONDS each; off unless set (same reason).
+fz="${KVZAP_FUZZ_SECONDS:-0}"
 if [ "$fz" != 0 ]; then
   echo "== fuzz: every harness for ${fz}s"
   if ! bash scripts/fuzz.sh "$fz"; then failed=$((failed + 1)); echo "!! FAILED: fuzzing"; fi

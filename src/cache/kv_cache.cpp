@@ -80,12 +80,16 @@ int64_t KvCache::pages_needed(int64_t n_new) const {
   return pages;
 }
 
+uint8_t* KvCache::page_for_append(Stream& s, int64_t slot) {
+  if (slot == 0) s.pages.push_back(take_page(false));
+  else make_exclusive(s, s.pages.size() - 1, false);  // a page shared with a fork is copied first
+  return s.pages.back();
+}
+
 void KvCache::append(int layer, int head, const float* k, const float* v, int32_t pos) {
   Stream& s = stream(layer, head);
   const int64_t slot = s.length % kPageTokens;
-  if (slot == 0) s.pages.push_back(take_page(false));
-  else make_exclusive(s, s.pages.size() - 1, false);
-  uint8_t* page = s.pages.back();
+  uint8_t* page = page_for_append(s, slot);
   f32_to_f16_row(k, keys_of(page) + slot * head_dim_, head_dim_);
   f32_to_f16_row(v, values_of(page) + slot * head_dim_, head_dim_);
   positions_of(page)[slot] = pos;
@@ -95,9 +99,7 @@ void KvCache::append(int layer, int head, const float* k, const float* v, int32_
 void KvCache::append_f16(int layer, int head, const uint16_t* k, const uint16_t* v, int32_t pos) {
   Stream& s = stream(layer, head);
   const int64_t slot = s.length % kPageTokens;
-  if (slot == 0) s.pages.push_back(take_page(false));
-  else make_exclusive(s, s.pages.size() - 1, false);
-  uint8_t* page = s.pages.back();
+  uint8_t* page = page_for_append(s, slot);
   std::memcpy(keys_of(page) + slot * head_dim_, k, (size_t)head_dim_ * sizeof(uint16_t));
   std::memcpy(values_of(page) + slot * head_dim_, v, (size_t)head_dim_ * sizeof(uint16_t));
   positions_of(page)[slot] = pos;

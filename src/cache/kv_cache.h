@@ -100,6 +100,9 @@ class KvCache {
   Stream& stream(int layer, int head) { return streams_[(size_t)layer * n_head_kv_ + head]; }
   uint8_t* take_page(bool forced);
   void give_page(uint8_t* page);
+  // The page that slot `slot` (= length % kPageTokens) of s goes into: a new one, or the last one made
+  // exclusive to this cache.
+  uint8_t* page_for_append(Stream& s, int64_t slot);
   // Makes page p of stream s exclusive to this cache (copies it if shared).
   void make_exclusive(Stream& s, size_t p, bool forced);
   uint16_t* keys_of(uint8_t* page) const { return (uint16_t*)page; }

