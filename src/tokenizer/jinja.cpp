@@ -1017,7 +1017,7 @@ class Renderer {
       sc.vars[targets[0]] = std::move(v);
       return;
     }
-    const Array items = iterate(v, line);
+    const Array items = iterate_value(v, line);
     if (items.size() != targets.size())
       fail(line, "cannot unpack " + std::to_string(items.size()) + " values into " + std::to_string(targets.size()) + " names");
     for (size_t k = 0; k < targets.size(); k++) sc.vars[targets[k]] = items[k];
@@ -1025,7 +1025,7 @@ class Renderer {
 
   Flow exec_for(const Node& n, Scope& sc, std::string& out) {
     const Value seq = eval(*n.a[0], sc);
-    Array items = iterate(seq, n.line);
+    Array items = iterate_value(seq, n.line);
     if (n.a[1]) {  // for x in y if cond: filtered before the loop variables are counted
       Array kept;
       for (Value& it : items) {
@@ -1091,29 +1091,6 @@ class Renderer {
     exec(def.bodies[0], sc, out);
     depth--;
     return Value(out);
-  }
-
-  static Array iterate(const Value& v, int line) {
-    switch (v.kind()) {
-      case Value::Kind::Undefined: return {};
-      case Value::Kind::Array: return v.arr();
-      case Value::Kind::Object: {
-        Array keys;
-        for (const auto& kv : v.obj().items) keys.emplace_back(kv.first);
-        return keys;
-      }
-      case Value::Kind::String: {
-        Array chars;
-        const std::string& s = v.str();
-        for (size_t i = 0; i < s.size();) {
-          const size_t l = cp_len(s, i);
-          chars.emplace_back(s.substr(i, l));
-          i += l;
-        }
-        return chars;
-      }
-      default: fail(line, "'" + v.type_name() + "' object is not iterable");
-    }
   }
 
   [[noreturn]] static void undefined_error(const Value& v, int line) {

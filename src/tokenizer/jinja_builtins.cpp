@@ -246,25 +246,6 @@ const std::string& need_str(const Value* v, const char* what) {
 
 [[noreturn]] void undefined_error(const Value& v, int line) { fail(line, v.hint().empty() ? "undefined value" : v.hint()); }
 
-Array iterate_value(const Value& v, int line) {
-  switch (v.kind()) {
-    case Value::Kind::Undefined: return {};
-    case Value::Kind::Array: return v.arr();
-    case Value::Kind::Object: {
-      Array keys;
-      for (const auto& kv : v.obj().items) keys.emplace_back(kv.first);
-      return keys;
-    }
-    case Value::Kind::String: {
-      Array chars;
-      const std::string& s = v.str();
-      for (size_t i = 0; i < s.size(); i += cp_len(s, i)) chars.emplace_back(s.substr(i, cp_len(s, i)));
-      return chars;
-    }
-    default: fail(line, "'" + v.type_name() + "' object is not iterable");
-  }
-}
-
 int64_t py_len(const Value& v, int line) {
   switch (v.kind()) {
     case Value::Kind::Undefined: return 0;
@@ -590,6 +571,27 @@ Value sort_key(const Value& v, bool case_sensitive) {
 }
 
 }  // namespace
+
+// Python iteration: an array, a mapping's keys, a string's code points; undefined is empty.
+Array iterate_value(const Value& v, int line) {
+  switch (v.kind()) {
+    case Value::Kind::Undefined: return {};
+    case Value::Kind::Array: return v.arr();
+    case Value::Kind::Object: {
+      Array keys;
+      for (const auto& kv : v.obj().items) keys.emplace_back(kv.first);
+      return keys;
+    }
+    case Value::Kind::String: {
+      Array chars;
+      const std::string& s = v.str();
+      for (size_t i = 0; i < s.size(); i += cp_len(s, i)) chars.emplace_back(s.substr(i, cp_len(s, i)));
+      return chars;
+    }
+    default: fail(line, "'" + v.type_name() + "' object is not iterable");
+  }
+}
+
 
 // ------------------------------------------------------------------------------------------------
 // Access

@@ -28,6 +28,7 @@ uint32_t decode_cp(const std::string& s, size_t i);
 void append_cp(std::string& out, uint32_t cp);
 bool is_space_cp(uint32_t cp);  // Python's str.isspace()
 
+Array iterate_value(const Value& v, int line);  // for-loops and filters: what `for x in v` visits
 Value get_attr(const Value& obj, const std::string& name, int line);   // obj.name
 Value get_item(const Value& obj, const Value& key, int line);          // obj[key]
 Value slice(const Value& obj, const Value& start, const Value& stop, const Value& step, int line);
