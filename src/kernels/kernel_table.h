@@ -40,6 +40,7 @@ static inline size_t max_work_bytes(int64_t n_in) { return (size_t)n_in * 20 + 1
 MatmulKernel scalar_kernel(GgmlType type);
 MatmulKernel avx2_kernel(GgmlType type);
 MatmulKernel avx512_kernel(GgmlType type);
+MatmulKernel avx512_k_kernel(GgmlType type);  // Q4_K Q5_K Q6_K (gemm_k_avx512.cpp)
 MatmulKernel avx2_q32_kernel(GgmlType type);  // Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 (gemm_q32_avx2.cpp)
 const VectorKernels& scalar_vector_kernels();
 const VectorKernels& avx2_vector_kernels();

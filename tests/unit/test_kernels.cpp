@@ -417,6 +417,7 @@ TEST_P(MatmulAllTypes, MatchesReferencesOnEveryIsa) {
   if (is_k(t)) {
     check_matmul_case({t, 512, 37, false}, rng);
     check_matmul_case({t, 768, 20, true}, rng);
+    check_matmul_case({t, 2304, 11, true}, rng);  // 9 super-blocks, odd row count (tile remainder rows)
   } else {
     check_matmul_case({t, 576, 37, false}, rng);  // SmolLM2 hidden size, n_out not a tile multiple
     check_matmul_case({t, 96, 70, true}, rng);    // odd number of 32-blocks
