@@ -58,6 +58,12 @@ void attention_scores_page(const float* q, int64_t q_stride, int rows, const int
 void attention_accumulate_page(const float* probs, int64_t s_stride, int rows, const int64_t* visible,
                                const uint16_t* values, int64_t j0, int64_t nj, int d, float* out, int64_t out_stride) {
   const int nc = d / 16;
+  // Convert the page's values once for all rows (a KV head's query heads share them).
+  alignas(64) float vf[16 * 128];
+  int64_t jmax_all = 0;
+  for (int r = 0; r < rows; r++) jmax_all = std::max<int64_t>(jmax_all, std::min<int64_t>(nj, visible[r] - j0));
+  for (int i = 0; i < (int)jmax_all * nc; i++)
+    _mm512_store_ps(vf + 16 * i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(values + 16 * i))));
   for (int r = 0; r < rows; r++) {
     const int64_t jmax = std::min<int64_t>(nj, visible[r] - j0);
     if (jmax <= 0) continue;
@@ -67,9 +73,8 @@ void attention_accumulate_page(const float* probs, int64_t s_stride, int rows, c
     for (int c = 0; c < nc; c++) acc[c] = _mm512_loadu_ps(o + 16 * c);
     for (int64_t j = 0; j < jmax; j++) {
       const __m512 p = _mm512_set1_ps(pr[j]);
-      const uint16_t* vj = values + j * d;
-      for (int c = 0; c < nc; c++)
-        acc[c] = _mm512_fmadd_ps(p, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(vj + 16 * c))), acc[c]);
+      const float* vj = vf + j * d;
+      for (int c = 0; c < nc; c++) acc[c] = _mm512_fmadd_ps(p, _mm512_load_ps(vj + 16 * c), acc[c]);
     }
     for (int c = 0; c < nc; c++) _mm512_storeu_ps(o + 16 * c, acc[c]);
   }

@@ -98,12 +98,24 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
     row += (int)segs[s].n;
   }
   // Attention tasks, the same for every layer. Decode steps of few sequences have too few tasks for the
-  // threads, so each group is split by query head (the head's pages stay in cache between its tasks).
+  // threads, so a KV head's query heads may be split into g_split tasks (the head's pages stay in cache
+  // between them). Splitting balances the threads but converts each K/V page once per task instead of
+  // once for the whole group: pick the divisor of G with the least modelled time, where a task over
+  // `rows` query rows costs (one page conversion + rows * per-row work) and tasks run in rounds of
+  // n_threads. A row's result does not depend on which rows share its task.
   {
     const int64_t G = cfg_.n_group();
     int64_t n_blocks = 0;
     for (int s = 0; s < n_segs; s++) n_blocks += (segs[s].n + kQueryBlock - 1) / kQueryBlock;
-    const int64_t g_split = Hkv * n_blocks < 4 * pool_.size() ? G : 1;
+    const int64_t nth = pool_.size();
+    int64_t g_split = 1;
+    double best_cost = 1e300;
+    for (int64_t gs = 1; gs <= G; gs++) {
+      if (G % gs) continue;
+      const int64_t tasks = Hkv * n_blocks * gs, rounds = (tasks + nth - 1) / nth;
+      const double cost = (double)rounds * (1.0 + 1.5 * (double)(G / gs));  // conversion : per-row work
+      if (cost < best_cost) best_cost = cost, g_split = gs;
+    }
     const int64_t g_per = G / g_split;
     att_tasks_.clear();
     for (int s = 0; s < n_segs; s++)
