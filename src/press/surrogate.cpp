@@ -12,6 +12,7 @@
 #include <string>
 
 #include "format/safetensors.h"
+#include "kernels/matmul.h"
 #include "kvzap/error.h"
 
 // Hot kernels are cloned for AVX2+FMA (x86-64-v3) and chosen at load time by the dynamic linker.
@@ -29,6 +30,12 @@
 
 namespace kvzap {
 namespace dense {
+namespace avx512 {  // surrogate_avx512.cpp
+void gemm_nn_acc(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
+                 int64_t ldc);
+void gemm_nt_acc(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* Bt, int64_t ldb, float* C,
+                 int64_t ldc);
+}
 namespace {
 
 // 32-byte vectors through GCC/Clang vector extensions: one AVX register in the x86-64-v3 clone, two
@@ -120,36 +127,95 @@ KVZ_INLINE void gemm_nn_impl(int64_t M, int64_t N, int64_t K, const T* A, int64_
   }
 }
 
-// dot(a, b) with two vector accumulators, reduced in a fixed order.
-template <class T>
-KVZ_INLINE T dot_impl(const T* a, const T* b, int64_t n) {
+// NB dots of one row of A with rows of Bt, each with two vector accumulators reduced in a fixed order;
+// every vector of A is loaded once for all NB of them: the linear scorer and the MLP's output layer have
+// 2-8 outputs, so sharing the row's loads is most of the work saved.
+template <class T, int NB>
+KVZ_INLINE void dots_impl(const T* a, const T* const* b, int64_t n, T* out) {
   using V = typename Vec<T>::type;
   constexpr int W = Vec<T>::width;
-  V s0{}, s1{};
+  V s0[NB], s1[NB];
+  for (int j = 0; j < NB; ++j) s0[j] = s1[j] = V{};
   int64_t k = 0;
   for (; k + 2 * W <= n; k += 2 * W) {
-    s0 += load(a + k) * load(b + k);
-    s1 += load(a + k + W) * load(b + k + W);
+    const V a0 = load(a + k), a1 = load(a + k + W);
+    for (int j = 0; j < NB; ++j) {
+      s0[j] += a0 * load(b[j] + k);
+      s1[j] += a1 * load(b[j] + k + W);
+    }
   }
-  if (k + W <= n) {
-    s0 += load(a + k) * load(b + k);
-    k += W;
+  const bool one_more = k + W <= n;
+  if (one_more) {
+    const V a0 = load(a + k);
+    for (int j = 0; j < NB; ++j) s0[j] += a0 * load(b[j] + k);
   }
-  const V s = s0 + s1;
-  T r = 0;
-  for (int i = 0; i < W; ++i) r += s[i];
-  for (; k < n; ++k) r += a[k] * b[k];
-  return r;
+  const int64_t tail = one_more ? k + W : k;
+  for (int j = 0; j < NB; ++j) {
+    const V sv = s0[j] + s1[j];
+    T r = 0;
+    for (int i = 0; i < W; ++i) r += sv[i];
+    for (int64_t t = tail; t < n; ++t) r += a[t] * b[j][t];
+    out[j] = r;
+  }
 }
 
 template <class T>
 KVZ_INLINE void gemm_nt_impl(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* Bt,
                              int64_t ldb, T* C, int64_t ldc, bool accumulate) {
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t j = 0; j < N; ++j) {
-      const T d = dot_impl(A + i * lda, Bt + j * ldb, K);
-      C[i * ldc + j] = accumulate ? C[i * ldc + j] + d : d;
+  constexpr int NB = 4;
+  for (int64_t i = 0; i < M; ++i) {
+    const T* a = A + i * lda;
+    int64_t j = 0;
+    for (; j + NB <= N; j += NB) {
+      const T* b[NB];
+      T d[NB];
+      for (int q = 0; q < NB; ++q) b[q] = Bt + (j + q) * ldb;
+      dots_impl<T, NB>(a, b, K, d);
+      for (int q = 0; q < NB; ++q) C[i * ldc + j + q] = accumulate ? C[i * ldc + j + q] + d[q] : d[q];
     }
+    const T* b[NB];
+    T d[NB];
+    const int rest = int(N - j);
+    if (rest == 0) continue;
+    for (int q = 0; q < NB; ++q) b[q] = Bt + (j + std::min(q, rest - 1)) * ldb;
+    switch (rest) {
+      case 3: dots_impl<T, 3>(a, b, K, d); break;
+      case 2: dots_impl<T, 2>(a, b, K, d); break;
+      default: dots_impl<T, 1>(a, b, K, d); break;
+    }
+    for (int q = 0; q < rest; ++q) C[i * ldc + j + q] = accumulate ? C[i * ldc + j + q] + d[q] : d[q];
+  }
+}
+
+// exp for the GELU below: Cody-Waite reduction + degree-6 polynomial (rel. error ~2e-7), branch-free
+// so the loop vectorises (std::exp and std::erf do not).
+KVZ_INLINE float exp_poly(float x) {
+  x = std::max(-87.0f, std::min(88.0f, x));
+  const float shifted = x * 1.44269504088896341f + 12582912.0f;  // round to nearest via 1.5 * 2^23
+  const float n = shifted - 12582912.0f;
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t e = ((int32_t)n + 127) << 23;
+  float scale;
+  __builtin_memcpy(&scale, &e, 4);
+  return p * scale;
+}
+
+// erf by Abramowitz & Stegun 7.1.26 (absolute error <= 1.5e-7, plus ~1e-7 from exp_poly): the exact-GELU
+// inference path stays within ~3e-7 of PyTorch's erf GELU.
+KVZ_INLINE float gelu_fast(float x) {
+  const float z = std::fabs(x) * 0.70710678118654752f;
+  const float t = 1.0f / (1.0f + 0.3275911f * z);
+  const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+  const float erf_abs = 1.0f - poly * exp_poly(-z * z);
+  const float erf = x < 0 ? -erf_abs : erf_abs;
+  return 0.5f * x * (1.0f + erf);
 }
 
 }  // namespace
@@ -169,6 +235,10 @@ KVZ_CLONES void gemm_nt(int64_t M, int64_t N, int64_t K, const float* A, int64_t
 KVZ_CLONES void gemm_nt(int64_t M, int64_t N, int64_t K, const double* A, int64_t lda, const double* Bt,
                         int64_t ldb, double* C, int64_t ldc, bool accumulate) {
   gemm_nt_impl(M, N, K, A, lda, Bt, ldb, C, ldc, accumulate);
+}
+
+KVZ_CLONES void gelu_inplace(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = gelu_fast(x[i]);
 }
 
 float gelu(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
@@ -230,16 +300,28 @@ void Surrogate::predict(int layer, const float* h, int64_t n_tok, float* out, fl
   const SurrogateLayerWeights& w = layers_[size_t(layer)];
   const int64_t D = input_dim_, H = output_dim_, Hd = hidden_dim_;
   if (n_tok <= 0) return;
+  // One ISA dispatch (KVZAP_ISA / set_active_isa): the AVX-512 kernels in surrogate_avx512.cpp, else the
+  // AVX2 / baseline clones of the dense kernels.
+  const bool avx512 = active_isa() >= Isa::Avx512;
   if (Hd == 0) {
     for (int64_t t = 0; t < n_tok; ++t) std::copy(w.b1.begin(), w.b1.end(), out + t * H);
-    dense::gemm_nt(n_tok, H, D, h, D, w.w1.data(), D, out, H, true);
+    if (avx512)
+      dense::avx512::gemm_nt_acc(n_tok, H, D, h, D, w.w1.data(), D, out, H);
+    else
+      dense::gemm_nt(n_tok, H, D, h, D, w.w1.data(), D, out, H, true);
     return;
   }
   for (int64_t t = 0; t < n_tok; ++t) std::copy(w.b1.begin(), w.b1.end(), scratch + t * Hd);
-  dense::gemm_nn(n_tok, Hd, D, h, D, w1t_[size_t(layer)].data(), Hd, scratch, Hd, true);
-  for (int64_t i = 0; i < n_tok * Hd; ++i) scratch[i] = dense::gelu(scratch[i]);
+  if (avx512)
+    dense::avx512::gemm_nn_acc(n_tok, Hd, D, h, D, w1t_[size_t(layer)].data(), Hd, scratch, Hd);
+  else
+    dense::gemm_nn(n_tok, Hd, D, h, D, w1t_[size_t(layer)].data(), Hd, scratch, Hd, true);
+  dense::gelu_inplace(scratch, n_tok * Hd);
   for (int64_t t = 0; t < n_tok; ++t) std::copy(w.b2.begin(), w.b2.end(), out + t * H);
-  dense::gemm_nt(n_tok, H, Hd, scratch, Hd, w.w2.data(), Hd, out, H, true);
+  if (avx512)
+    dense::avx512::gemm_nt_acc(n_tok, H, Hd, scratch, Hd, w.w2.data(), Hd, out, H);
+  else
+    dense::gemm_nt(n_tok, H, Hd, scratch, Hd, w.w2.data(), Hd, out, H, true);
 }
 
 // ---------------------------------------------------------------- kvpress folder I/O

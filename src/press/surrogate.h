@@ -34,6 +34,8 @@ void gemm_nt(int64_t M, int64_t N, int64_t K, const double* A, int64_t lda, cons
 // Exact GELU x * Phi(x) (PyTorch nn.GELU() default) and its derivative Phi(x) + x phi(x).
 float gelu(float x);
 double gelu(double x);
+// x[i] = GELU(x[i]) with a vectorised erf (A&S 7.1.26, |error| <= ~3e-7): surrogate inference.
+void gelu_inplace(float* x, int64_t n);
 double gelu_grad(double x);
 }  // namespace dense
 

@@ -13,10 +13,16 @@
 #include "common/fp16.h"
 #include "format/safetensors.h"
 #include "kvzap/error.h"
+#include "kernels/matmul.h"
 #include "press/surrogate.h"
 
 namespace fs = std::filesystem;
 using kvzap::Surrogate;
+using kvzap::Isa;
+using kvzap::active_isa;
+using kvzap::detected_isa;
+using kvzap::isa_name;
+using kvzap::set_active_isa;
 using kvzap::SurrogateLayerWeights;
 
 namespace {
@@ -164,18 +170,49 @@ TEST(DenseKernels, GeluIsExactErfForm) {
   EXPECT_GT(std::abs(kvzap::dense::gelu(x) - tanh_form), 1e-5);
 }
 
+TEST(DenseKernels, VectorisedGeluStaysWithin3e7OfErf) {
+  std::vector<float> x;
+  for (int i = -4000; i <= 4000; ++i) x.push_back(float(i) * 0.0025f);  // [-10, 10]
+  for (float big : {-90.f, -30.f, 30.f, 1e4f}) x.push_back(big);
+  std::vector<float> y = x;
+  kvzap::dense::gelu_inplace(y.data(), int64_t(y.size()));
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double ref = 0.5 * double(x[i]) * (1.0 + std::erf(double(x[i]) / std::sqrt(2.0)));
+    worst = std::max(worst, std::abs(double(y[i]) - ref) / std::max(1.0, std::abs(ref)));
+  }
+  EXPECT_LT(worst, 3e-7);
+}
+
 TEST(Surrogate, LinearAndMlpPredictMatchReference) {
+  // Every ISA path (AVX-512 kernels, AVX2 / baseline clones) against the double reference, and the
+  // paths against each other (hidden 72 and 112 are the real models' widths: masked AVX-512 tails).
+  struct IsaGuard {
+    Isa saved = active_isa();
+    ~IsaGuard() { set_active_isa(saved); }
+  } guard;
+  std::vector<Isa> isas{Isa::Scalar};
+  if (detected_isa() >= Isa::Avx2) isas.push_back(Isa::Avx2);
+  if (detected_isa() >= Isa::Avx512) isas.push_back(Isa::Avx512);
   std::mt19937 rng(7);
-  for (int Hd : {0, 72, 5}) {
+  for (int Hd : {0, 72, 112, 5}) {
     const Surrogate s = make_surrogate(3, 576, Hd, 3, 11u + uint32_t(Hd));
     EXPECT_EQ(s.is_mlp(), Hd > 0);
     for (int64_t n : {1, 5, 37}) {
       const std::vector<float> h = random_vec(rng, size_t(n) * 576, 1.0f);
-      std::vector<float> out(size_t(n) * 3, -99.0f), scratch(size_t(s.scratch_floats(n)) + 1);
-      for (int l = 0; l < s.n_layers(); ++l) {
-        s.predict(l, h.data(), n, out.data(), scratch.data());
-        const std::vector<double> ref = reference_predict(s, l, h.data(), n);
-        for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(out[i], ref[i], 1e-4 * (1 + std::abs(ref[i])));
+      std::vector<float> first;
+      for (Isa isa : isas) {
+        set_active_isa(isa);
+        std::vector<float> out(size_t(n) * 3 * s.n_layers(), -99.0f), scratch(size_t(s.scratch_floats(n)) + 1);
+        for (int l = 0; l < s.n_layers(); ++l) {
+          s.predict(l, h.data(), n, out.data() + l * n * 3, scratch.data());
+          const std::vector<double> ref = reference_predict(s, l, h.data(), n);
+          for (size_t i = 0; i < ref.size(); ++i)
+            ASSERT_NEAR(out[l * n * 3 + i], ref[i], 1e-4 * (1 + std::abs(ref[i]))) << isa_name(isa) << " Hd " << Hd;
+        }
+        if (first.empty()) first = out;
+        for (size_t i = 0; i < out.size(); ++i)
+          ASSERT_NEAR(out[i], first[i], 1e-5 * (1 + std::abs(first[i]))) << isa_name(isa) << " vs " << isa_name(isas[0]);
       }
     }
   }
