@@ -1,7 +1,7 @@
 // AVX-512 (BW + VNNI) kernels for the K formats Q4_K, Q5_K, Q6_K against ggml's Q8_K activations.
 //
 // Scheme (one zmm = 64 consecutive elements of a 256-element super-block, in natural order):
-//  * Activations are quantized exactly as ggml's Q8_K (quantize_q8_K_ref: same q, d, bsums) and stored per
+//  * Activations are quantized exactly as ggml's Q8_K (bit-exact with quantize_q8_K_ref) and stored per
 //    super-block as [256 int8 quants][16 int16 bsums][float d][pad] = 320 bytes, 64-byte aligned.
 //  * Weights unpack to unsigned bytes in natural element order (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63), so
 //    zmm g pairs with activation bytes 64g..64g+63. vpmaddubsw(u8 w, s8 a) gives int16 pair sums (at most
@@ -55,15 +55,44 @@ inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
 size_t act_bytes(int64_t n) { return (size_t)(n / kQKK) * kActSb; }
 
+// Bit-exact with quantize_q8_K_ref (ggml's Q8_K): max = the first element of largest magnitude (its
+// sign matters), iscale = -127 / max, q = min(127, round-half-even(iscale * x)), d = 1 / iscale.
 void prepare_act(const float* x, uint8_t* dst, int64_t n) {
   for (int64_t b = 0; b < n / kQKK; ++b) {
-    BlockQ8_K q;
-    quantize_q8_K_ref(x + b * kQKK, &q, kQKK);
+    const float* xb = x + b * kQKK;
     uint8_t* out = dst + (size_t)b * kActSb;
-    __builtin_memcpy(out, q.qs, 256);
-    __builtin_memcpy(out + kActBsums, q.bsums, 32);
-    __builtin_memcpy(out + kActD, &q.d, 4);
-    __builtin_memset(out + kActD + 4, 0, kActSb - kActD - 4);
+    __m512 v[16];
+    __m512 vmax = _mm512_setzero_ps();
+    for (int i = 0; i < 16; ++i) {
+      v[i] = _mm512_loadu_ps(xb + 16 * i);
+      vmax = _mm512_max_ps(vmax, _mm512_abs_ps(v[i]));
+    }
+    const float amax = _mm512_reduce_max_ps(vmax);
+    __builtin_memset(out + kActD, 0, kActSb - kActD);
+    if (amax == 0.0f) {
+      __builtin_memset(out, 0, kActD);
+      continue;
+    }
+    float max = 0;
+    for (int i = 0; i < 16; ++i) {
+      const __mmask16 hit = _mm512_cmpeq_ps_mask(_mm512_abs_ps(v[i]), _mm512_set1_ps(amax));
+      if (hit) {
+        max = xb[16 * i + __builtin_ctz((unsigned)hit)];
+        break;
+      }
+    }
+    const float iscale = -127.f / max;
+    const __m512 vs = _mm512_set1_ps(iscale);
+    alignas(32) int16_t bsums[16];
+    for (int i = 0; i < 16; ++i) {
+      const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(vs, v[i]), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m512i q = _mm512_min_epi32(_mm512_cvtps_epi32(r), _mm512_set1_epi32(127));
+      _mm_storeu_si128((__m128i*)(out + 16 * i), _mm512_cvtepi32_epi8(q));
+      bsums[i] = (int16_t)_mm512_reduce_add_epi32(q);
+    }
+    __builtin_memcpy(out + kActBsums, bsums, 32);
+    const float d = 1 / iscale;
+    __builtin_memcpy(out + kActD, &d, 4);
   }
 }
 

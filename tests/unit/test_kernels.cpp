@@ -14,6 +14,7 @@
 #include "common/fp16.h"
 #include "kernels/matmul.h"
 #include "kernels/quant_blocks.h"
+#include "kernels/kernel_table.h"
 #include "kernels/quant_ref.h"
 #include "kvzap/error.h"
 
@@ -336,6 +337,33 @@ TEST(KernelBlocks, RejectsBadLengths) {
   std::vector<uint8_t> w(2000);
   WeightMatrix m{GgmlType::Q4_1, w.data(), 40, 2, kk::kernel_row_bytes(GgmlType::Q4_1, 32)};
   EXPECT_THROW(matmul(m, x.data(), 1, x.data(), pool, scratch), Error);
+}
+
+TEST(KernelBlocks, Avx512Q8KActivationsAreBitExactWithTheReference) {
+  if (detected_isa() < Isa::Avx512) GTEST_SKIP() << "SKIPPED: no AVX-512 on this CPU";
+  const kk::MatmulKernel k = kk::avx512_kernel(GgmlType::Q4_K);
+  ASSERT_TRUE(k && k.prepare_act);
+  std::mt19937 rng(5);
+  const int64_t n = 4 * 256;
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<float> x = gaussian(rng, (size_t)n, trial % 2 ? 3.0f : 0.01f);
+    if (trial % 5 == 1) for (int i = 0; i < 256; ++i) x[(size_t)i] = 0.0f;  // an all-zero super-block
+    if (trial % 5 == 2) { x[300] = 7.0f; x[301] = -7.0f; }               // +max before -max: sign of the first
+    if (trial % 5 == 3) { x[600] = -7.0f; x[700] = 7.0f; }
+    if (trial % 5 == 4) for (int i = 0; i < 64; ++i) x[(size_t)(768 + i)] = (float)(i - 32) * 0.5f;  // ties
+    std::vector<uint8_t> act(k.act_row_bytes(n) + 64);
+    k.prepare_act(x.data(), act.data(), n);
+    std::vector<kk::BlockQ8_K> ref((size_t)n / 256);
+    kk::quantize_q8_K_ref(x.data(), ref.data(), n);
+    for (int64_t b = 0; b < n / 256; ++b) {
+      const uint8_t* sb = act.data() + (size_t)b * 320;  // [qs 256][bsums 32][d]
+      ASSERT_EQ(0, std::memcmp(sb, ref[(size_t)b].qs, 256)) << "trial " << trial << " block " << b;
+      ASSERT_EQ(0, std::memcmp(sb + 256, ref[(size_t)b].bsums, 32)) << "trial " << trial << " block " << b;
+      float d;
+      std::memcpy(&d, sb + 288, 4);
+      ASSERT_EQ(d, ref[(size_t)b].d) << "trial " << trial << " block " << b;
+    }
+  }
 }
 
 // ------------------------------------------------------------------------------------------------
