@@ -69,6 +69,13 @@ void BM_Matmul_Q4_1_576x576(benchmark::State& s) { run_matmul(s, GgmlType::Q4_1,
 void BM_Matmul_Q8_0_576x49152(benchmark::State& s) { run_matmul(s, GgmlType::Q8_0, 576, 49152); }
 void BM_Matmul_Q8_0_576x1536(benchmark::State& s) { run_matmul(s, GgmlType::Q8_0, 576, 1536); }
 void BM_Matmul_Q4_0_576x1536(benchmark::State& s) { run_matmul(s, GgmlType::Q4_0, 576, 1536); }
+// Qwen2.5-Coder-0.5B's K-quant matrices: ffn_down 4864 -> 896 (Q4_K or Q6_K).
+void BM_Matmul_Q4_K_4864x896(benchmark::State& s) { run_matmul(s, GgmlType::Q4_K, 4864, 896); }
+void BM_Matmul_Q6_K_4864x896(benchmark::State& s) { run_matmul(s, GgmlType::Q6_K, 4864, 896); }
+void BM_Matmul_Q5_0_896x4864(benchmark::State& s) { run_matmul(s, GgmlType::Q5_0, 896, 4864); }
+BENCHMARK(BM_Matmul_Q4_K_4864x896)->Apply(shapes);
+BENCHMARK(BM_Matmul_Q6_K_4864x896)->Apply(shapes);
+BENCHMARK(BM_Matmul_Q5_0_896x4864)->Apply(shapes);
 BENCHMARK(BM_Matmul_Q4_1_576x1536)->Apply(shapes);
 BENCHMARK(BM_Matmul_Q4_1_1536x576)->Apply(shapes);
 BENCHMARK(BM_Matmul_Q4_1_576x576)->Apply(shapes);
