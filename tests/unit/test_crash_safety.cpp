@@ -208,4 +208,58 @@ TEST_F(CrashSafety, CacheSaveKilledAtRandomIsAllOrNothing) {
   }
 }
 
+TEST_F(CrashSafety, SweepKilledAtRandomFinishesWithTheSameResults) {
+  // Three cells x 2 tasks x 12 samples on the tiny model; killed up to three times at random points, then
+  // run to the end: every file a later step reads (results.csv, each cell's summary / tasks / samples)
+  // equals the uninterrupted run's, timings aside, and a cell with a summary is complete and final.
+  const std::vector<std::string> sweep = {"sweep", "-m", kTiny, "--presses", "knorm,random", "--ratios", "0.5",
+                                          "--length", "300", "--samples", "12", "--tasks",
+                                          "niah_single_1,niah_single_2", "--out", "out", "-t", "1"};
+  // JSON documents (one, or one per line) without their "timings" objects.
+  auto without_timings = [](const fs::path& p) {
+    std::string out;
+    std::istringstream lines(slurp(p));
+    const bool per_line = p.extension() == ".jsonl";
+    std::string doc = per_line ? "" : lines.str(), line;
+    auto strip = [&](const std::string& text) {
+      nlohmann::json j = nlohmann::json::parse(text);
+      j.erase("timings");
+      out += j.dump() + "\n";
+    };
+    if (!per_line) {
+      strip(doc);
+    } else {
+      while (std::getline(lines, line))
+        if (!line.empty()) strip(line);
+    }
+    return out;
+  };
+  const fs::path ref = fresh("ref");
+  const int64_t full = timed(ref, sweep);
+  const char* cells[] = {"no_press", "knorm__ratio_0.5", "random__ratio_0.5"};
+  ASSERT_GT(slurp(ref / "out" / "results.csv").size(), 40u);
+  for (int t = 0; t < trials(); t++) {
+    const fs::path dir = fresh("sweep" + std::to_string(t));
+    for (int k = 0; k < 3; k++) {
+      run(dir, sweep, kill_point(full));
+      for (const char* c : cells)  // the summary is written last: its cell is complete
+        if (fs::exists(dir / "out" / c / "summary.json")) {
+          EXPECT_EQ(without_timings(dir / "out" / c / "summary.json"), without_timings(ref / "out" / c / "summary.json"))
+              << c;
+          EXPECT_EQ(slurp(dir / "out" / c / "tasks.csv"), slurp(ref / "out" / c / "tasks.csv")) << c;
+        }
+    }
+    ASSERT_TRUE(run(dir, sweep));
+    EXPECT_EQ(slurp(dir / "out" / "results.csv"), slurp(ref / "out" / "results.csv")) << "trial " << t;
+    for (const char* c : cells) {
+      EXPECT_EQ(without_timings(dir / "out" / c / "summary.json"), without_timings(ref / "out" / c / "summary.json"))
+          << "trial " << t << " " << c;
+      EXPECT_EQ(without_timings(dir / "out" / c / "samples.jsonl"), without_timings(ref / "out" / c / "samples.jsonl"))
+          << "trial " << t << " " << c;
+      EXPECT_EQ(slurp(dir / "out" / c / "tasks.csv"), slurp(ref / "out" / c / "tasks.csv")) << "trial " << t << " " << c;
+      EXPECT_EQ(slurp(dir / "out" / c / "tasks.json"), slurp(ref / "out" / c / "tasks.json")) << "trial " << t << " " << c;
+    }
+  }
+}
+
 }  // namespace
