@@ -93,6 +93,7 @@ def main() -> int:
     ap.add_argument("--models", default="smollm2-135m,qwen2.5-coder-0.5b", help="catalogue names or GGUF paths")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--depth-reps", type=int, default=0, help="repetitions of the depth test (default: --reps)")
     ap.add_argument("--tests", default="pp512,tg128,tg128@4096")
     ap.add_argument("--depth", type=int, default=4096)
     ap.add_argument("--keep", type=float, default=0.35, help="cache fraction for the pruned depth test")
@@ -118,10 +119,14 @@ def main() -> int:
             for test in tests:
                 units.append((name, path, t, test))
     started = time.time()
+    depth_reps = a.depth_reps or a.reps
+    reps_of = {u: (depth_reps if u[3].startswith("tg128@") else a.reps) for u in units}
+    total = sum(reps_of.values())
+    done = 0
     for ui, (name, path, t, test) in enumerate(units):
         samples: dict[str, list[float]] = {"llama": [], "kvzap": [], "llama_fa_on": [], "llama_fa_off": [],
                                            "kvzap_pruned": [], "kvzap_gbs": []}
-        for rep in range(a.reps):
+        for rep in range(reps_of[(name, path, t, test)]):
             order = ["llama", "kvzap"] if rep % 2 == 0 else ["kvzap", "llama"]
             for tool in order:
                 if test == "pp512":
@@ -148,8 +153,7 @@ def main() -> int:
                         samples["kvzap"].append(j["decode_tok_s"])
                         samples["kvzap_gbs"].append(j["bandwidth_gb_s"])
                         samples["kvzap_pruned"].append(j["decode_with_smaller_cache"][0]["decode_tok_s"])
-            done = ui * a.reps + rep + 1
-            total = len(units) * a.reps
+            done += 1
             el = time.time() - started
             log(f"[{done}/{total}] {name} t={t} {test}: llama {samples['llama'][-1]:.1f} kvzap {samples['kvzap'][-1]:.1f} "
                 f"tok/s  (elapsed {el:.0f} s, ETA {el / done * (total - done):.0f} s)")
@@ -164,7 +168,7 @@ def main() -> int:
         results.append(row)
 
     bw = {t: membw(t) for t in threads} if a.membw else {}
-    print(f"\nmedians of {a.reps} alternating runs; ratio = kvzap / llama.cpp (> 1: kvzap faster)\n")
+    print(f"\nmedians of {a.reps} alternating runs ({depth_reps} for the depth test); ratio = kvzap / llama.cpp (> 1: kvzap faster)\n")
     print("| model | threads | test | llama.cpp tok/s | kvzap tok/s | ratio | notes |")
     print("|---|---|---|---|---|---|---|")
     for r in results:
@@ -181,7 +185,7 @@ def main() -> int:
               f"{r['kvzap'] / r['llama']:.2f}x | {'; '.join(notes)} |")
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps({"reps": a.reps, "results": results, "membw_gb_s": bw}, indent=1))
+        Path(a.json).write_text(json.dumps({"reps": a.reps, "depth_reps": depth_reps, "results": results, "membw_gb_s": bw}, indent=1))
     return 0
 
 
