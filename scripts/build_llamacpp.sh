@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Build llama.cpp's llama-bench, llama-batched-bench and llama-server for the peer benchmarks
-# (scripts/bench_batched.py, scripts/bench_server.py).
+# (scripts/bench_batched.py, scripts/bench_server.py), and llama-tokenize for tokenizer spot checks
+# (e.g. `llama-tokenize -m gemma-3-270m-Q4_K_M.gguf -p TEXT --ids --no-bos`).
 #
 # Source: the llama.cpp tree vendored in the llama-cpp-python sdist, fetched from PyPI with
 #   pip download --no-binary :all: --no-deps llama-cpp-python==$LLAMACPP_PY_VERSION
 # (default 0.3.36, the version the docs compare against; its vendor/llama.cpp is commit 0c1e570).
 # Configured with -DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release, static libraries, no tests, no
 # examples, no web UI (nothing downloaded at build time), no OpenSSL; llama-server builds on the
-# vendored cpp-httplib, so libcurl is never needed. Only the three targets are built (-j${JOBS:-2}).
+# vendored cpp-httplib, so libcurl is never needed. Only these targets are built (-j${JOBS:-2}); an
+# install that lacks one of them (an older one without llama-tokenize) is rebuilt.
 #
 # Installs into ${KVZAP_PEER_DIR:-$HOME/.cache/kvzap/llamacpp-<version>}/bin. A second run finds the
 # binaries there and returns at once. Progress goes to stderr; the last line on stdout is the bin folder.
@@ -23,7 +25,7 @@ prefix="${KVZAP_PEER_DIR:-$HOME/.cache/kvzap/llamacpp-$version}"
 bindir="$prefix/bin"
 jobs="${JOBS:-2}"
 python="${PYTHON:-python3}"
-targets=(llama-bench llama-batched-bench llama-server)
+targets=(llama-bench llama-batched-bench llama-server llama-tokenize)
 force=0
 
 # sha256 of the sdist from PyPI, checked by pip (--require-hashes); other versions are taken as pip finds them

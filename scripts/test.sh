@@ -16,6 +16,8 @@ run_check() {
   if ! python3 "$@"; then failed=$((failed + 1)); echo "!! FAILED: $*"; fi
 }
 run_check tests/python/check_golden.py
+# Gemma-3-270M (gemma3 + SentencePiece) against llama.cpp's stored results; SKIPPED unless pulled.
+run_check tests/python/check_gemma3.py
 run_check tests/python/check_tiny_arch.py
 run_check tests/python/check_surrogate_roundtrip.py --run "$BUILD_DIR/kvzap_tests"
 [ -f tests/python/check_kvzip_numpy.py ] && run_check tests/python/check_kvzip_numpy.py

@@ -59,9 +59,12 @@ void KvCache::share_from(const KvCache& src) {
     throw Error("internal: share_from needs a cache of the same shape and pool");
   if (&src == this) return;
   clear();
+  windows_ = src.windows_;
+  window_floor_ = src.window_floor_;
   for (size_t i = 0; i < streams_.size(); i++) {
     streams_[i].pages = src.streams_[i].pages;
     streams_[i].length = src.streams_[i].length;
+    streams_[i].window_dropped = src.streams_[i].window_dropped;
     for (uint8_t* p : streams_[i].pages) pool_->ref(p);
     pages_live_ += (int64_t)streams_[i].pages.size();
   }
@@ -168,7 +171,59 @@ int64_t KvCache::evict(int layer, int head, const std::vector<uint8_t>& drop) {
   return removed;
 }
 
+bool KvCache::can_truncate(int32_t pos) const {
+  for (int l = 0; l < (int)window_floor_.size(); l++)
+    if (window_floor_[(size_t)l] > 0 && pos < n_past_ && window_start(l, pos) < window_floor_[(size_t)l]) return false;
+  return true;
+}
+
+void KvCache::set_layer_windows(const std::vector<int32_t>& windows) {
+  if (!windows.empty() && windows.size() != (size_t)n_layer_)
+    throw Error("internal: " + std::to_string(windows.size()) + " layer windows for a cache of " +
+                std::to_string(n_layer_) + " layers");
+  windows_ = windows;
+  window_floor_.assign(windows.size(), 0);
+}
+
+int64_t KvCache::drop_outside_window(int layer, int64_t next_pos) {
+  const int64_t start = window_start(layer, next_pos);
+  if (start <= 0) return 0;
+  int64_t freed = 0;
+  for (int h = 0; h < n_head_kv_; h++) {
+    Stream& s = stream(layer, h);
+    size_t n_drop = 0;  // leading full pages whose last (newest) entry is before the window
+    while (n_drop < s.pages.size() && s.length - (int64_t)n_drop * kPageTokens >= kPageTokens &&
+           positions_of(s.pages[n_drop])[kPageTokens - 1] < start)
+      n_drop++;
+    if (n_drop == 0) continue;
+    const int32_t newest = positions_of(s.pages[n_drop - 1])[kPageTokens - 1];
+    for (size_t p = 0; p < n_drop; p++) give_page(s.pages[p]);
+    s.pages.erase(s.pages.begin(), s.pages.begin() + (std::ptrdiff_t)n_drop);
+    const int64_t n = (int64_t)n_drop * kPageTokens;
+    s.length -= n;
+    s.window_dropped += n;
+    freed += n;
+    window_floor_[(size_t)layer] = std::max(window_floor_[(size_t)layer], newest + 1);
+  }
+  return freed;
+}
+
+int64_t KvCache::entries_window_dropped(int layer) const {
+  int64_t n = 0;
+  for (int h = 0; h < n_head_kv_; h++) n += stream(layer, h).window_dropped;
+  return n;
+}
+
+int64_t KvCache::entries_window_dropped() const {
+  int64_t n = 0;
+  for (const Stream& s : streams_) n += s.window_dropped;
+  return n;
+}
+
 void KvCache::truncate(int32_t pos) {
+  if (!can_truncate(pos))
+    throw Error("cannot rewind the cache to position " + std::to_string(pos) +
+                ": a sliding-window layer already freed positions a query there would see");
   std::vector<uint8_t> drop;
   for (int l = 0; l < n_layer_; l++)
     for (int h = 0; h < n_head_kv_; h++) {
@@ -189,7 +244,9 @@ void KvCache::clear() {
     for (uint8_t* p : s.pages) give_page(p);
     s.pages.clear();
     s.length = 0;
+    s.window_dropped = 0;
   }
+  std::fill(window_floor_.begin(), window_floor_.end(), 0);
   n_past_ = 0;
 }
 
@@ -208,8 +265,13 @@ int64_t KvCache::bytes_allocated() const {
 
 int64_t KvCache::bytes_full() const {
   // An unpruned cache holds every position in every stream: n_past entries, rounded up to pages.
-  const int64_t pages = (n_past_ + kPageTokens - 1) / kPageTokens;
-  return pages * page_bytes_ * (int64_t)streams_.size();
+  // Sliding-window streams: the positions their windows did not free.
+  int64_t pages = 0;
+  for (const Stream& s : streams_) {
+    const int64_t n = std::max<int64_t>(0, n_past_ - s.window_dropped);
+    pages += (n + kPageTokens - 1) / kPageTokens;
+  }
+  return pages * page_bytes_;
 }
 
 int64_t KvCache::entries_kept() const {
@@ -226,12 +288,15 @@ int64_t KvCache::entries_kept(int layer) const {
 
 double KvCache::evicted_fraction() const {
   if (n_past_ == 0) return 0.0;
-  double sum = 0;
+  // Entry-weighted over layers: with every layer global (all hold n_head_kv * n_past unpruned) this is
+  // exactly the mean over layers.
+  double full = 0, evicted = 0;
   for (int l = 0; l < n_layer_; l++) {
-    const double total = (double)n_head_kv_ * (double)n_past_;
-    sum += (total - (double)entries_kept(l)) / total;
+    const double total = (double)n_head_kv_ * (double)n_past_ - (double)entries_window_dropped(l);
+    full += total;
+    evicted += total - (double)entries_kept(l);
   }
-  return sum / n_layer_;
+  return full > 0 ? evicted / full : 0.0;
 }
 
 }  // namespace kvzap

@@ -68,8 +68,30 @@ class KvCache {
   // Returns the number removed. Emptied pages go back to the pool.
   int64_t evict(int layer, int head, const std::vector<uint8_t>& drop);
   // Removes every entry with position >= pos in all streams (e.g. a question and its answer), and
-  // rewinds the sequence length to pos.
+  // rewinds the sequence length to pos. Throws kvzap::Error when a sliding-window layer already freed
+  // positions a query at pos would see (see can_truncate).
   void truncate(int32_t pos);
+  bool can_truncate(int32_t pos) const;
+
+  // Sliding-window layers (the forward pass sets them from the model's LayerConfig): window[layer],
+  // 0 = global. A query at position p of a layer with window W sees positions > p - W only.
+  void set_layer_windows(const std::vector<int32_t>& windows);
+  const std::vector<int32_t>& layer_windows() const { return windows_; }
+  int32_t layer_window(int layer) const { return windows_.empty() ? 0 : windows_[(size_t)layer]; }
+  // The first position a query at `pos` sees in `layer` (0 for a global layer).
+  int64_t window_start(int layer, int64_t pos) const {
+    const int32_t w = layer_window(layer);
+    return w > 0 && pos - w + 1 > 0 ? pos - w + 1 : 0;
+  }
+  // Frees, in every stream of `layer`, the leading pages whose entries are all before
+  // window_start(layer, next_pos): what no query at next_pos or later can see. Whole pages only, so
+  // nothing is copied; the few older entries left in a partly kept first page are masked by attention.
+  // Not a press eviction (evicted_fraction() and the pool's eviction count ignore it). Returns the
+  // entries freed.
+  int64_t drop_outside_window(int layer, int64_t next_pos);
+  // Entries freed by sliding windows, all streams (or one layer's).
+  int64_t entries_window_dropped() const;
+  int64_t entries_window_dropped(int layer) const;
   void clear();
 
   // Sequence length: positions seen so far (kept or evicted). Set by the engine after each step.
@@ -78,14 +100,17 @@ class KvCache {
 
   // Accounting. Resident bytes count the pages this cache's streams hold (a page shared with a fork is
   // counted by both; the pool counts it once); exclusive bytes only the pages no other cache holds.
-  // Full bytes are what an unpruned f16 cache would hold for n_past tokens.
+  // Full bytes are what an f16 cache unpruned by presses would hold for n_past tokens (sliding-window
+  // layers: what their windows keep).
   int64_t bytes_resident() const;
   int64_t bytes_exclusive() const;
   int64_t bytes_allocated() const;   // the pool's pages in use + free-listed (a private pool: this cache's)
   int64_t bytes_full() const;
   int64_t entries_kept() const;
   int64_t entries_kept(int layer) const;
-  // kvpress's definition: mean over layers of evicted / (n_head_kv * n_past).
+  // kvpress's definition: entries evicted by presses / entries an unpruned cache would hold, i.e. the
+  // mean over layers of evicted / (n_head_kv * n_past) when every layer is global; entries freed by
+  // sliding windows count in neither (they are in entries_window_dropped()).
   double evicted_fraction() const;
   int64_t page_bytes() const { return page_bytes_; }
   // Returns the pool's free-listed pages to the system (called after large evictions).
@@ -95,6 +120,7 @@ class KvCache {
   struct Stream {
     std::vector<uint8_t*> pages;  // each: keys [P][D] f16 | values [P][D] f16 | positions [P] i32
     int64_t length = 0;
+    int64_t window_dropped = 0;   // entries freed by the layer's sliding window
   };
   const Stream& stream(int layer, int head) const { return streams_[(size_t)layer * n_head_kv_ + head]; }
   Stream& stream(int layer, int head) { return streams_[(size_t)layer * n_head_kv_ + head]; }
@@ -115,6 +141,8 @@ class KvCache {
   std::vector<Stream> streams_;  // [n_layer][n_head_kv]
   std::unique_ptr<PagePool> own_pool_;  // when no shared pool was given
   PagePool* pool_;
+  std::vector<int32_t> windows_;       // [n_layer] or empty (all global)
+  std::vector<int32_t> window_floor_;  // [n_layer] positions below it may have been freed by the window
   int64_t pages_live_ = 0;  // page references held by this cache's streams
   int64_t n_past_ = 0;
 };

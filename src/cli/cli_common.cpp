@@ -33,6 +33,8 @@ void PressArgs::add_to(CLI::App& sub, bool with_surrogate) {
       ->check(CLI::IsMember({"global", "layer", "head", "adakv"}));
   sub.add_option("--window", window, "threshold presses never judge the most recent W tokens")->check(CLI::Range(0, 1 << 20));
   sub.add_flag("--decode-press", decoding, "keep pruning question and generated tokens (threshold presses)");
+  sub.add_flag("--press-sliding-layers", sliding_layers,
+               "also prune sliding-window layers (by default presses prune only global-attention layers)");
   if (with_surrogate) sub.add_option("--surrogate", surrogate, "KVzap surrogate folder (kvpress format)");
   sub.add_option("--press-seed", seed, "seed of the random press");
 }
@@ -52,6 +54,7 @@ std::unique_ptr<Press> PressArgs::make(const Model& model) const {
   o.ratio_scope = scope;
   o.window = window;
   o.decoding = decoding;
+  o.sliding_layers = sliding_layers;
   o.surrogate_dir = surrogate;
   o.seed = seed;
   return make_press(o, model);

@@ -30,6 +30,7 @@ struct PressArgs {
   std::string scope = "global";
   int window = 128;
   bool decoding = false;
+  bool sliding_layers = false;
   std::string surrogate;
   uint64_t seed = 42;
   CLI::Option* threshold_opt = nullptr;

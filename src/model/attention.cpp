@@ -149,9 +149,14 @@ void attend(const AttentionBlock& b, const KvCache& cache, int layer, int head, 
   for (int r = 0; r < b.rows; r++) max_vis = std::max(max_vis, b.visible[r]);
   const int64_t s_stride = max_vis;
   const int n_pages = (int)((max_vis + P - 1) / P);
+  // Sliding window: pages wholly before every row's first entry are skipped.
+  int64_t min_first = b.first ? max_vis : 0;
+  if (b.first)
+    for (int r = 0; r < b.rows; r++) min_first = std::min(min_first, b.first[r]);
+  const int p0 = (int)(min_first / P);
   float* kf = page_f32;
   const bool fast = use_avx512() && d % 16 == 0 && d <= 128;
-  for (int p = 0; p < n_pages; p++) {
+  for (int p = p0; p < n_pages; p++) {
     const int64_t j0 = (int64_t)p * P;
     const int64_t nj = std::min<int64_t>(P, max_vis - j0);
     if (fast) {
@@ -163,11 +168,13 @@ void attend(const AttentionBlock& b, const KvCache& cache, int layer, int head, 
     scores_page(b.q, b.q_stride, b.rows, b.visible, kf, j0, nj, d, scores, s_stride);
   }
   for (int r = 0; r < b.rows; r++) {
-    softmax_row(scores + r * s_stride, b.visible[r]);
-    if (b.f16_probs) round_to_f16(scores + r * s_stride, b.visible[r]);
+    const int64_t f = b.first ? b.first[r] : 0;  // entries [p0 * P, f) of the row weigh 0
+    softmax_row(scores + r * s_stride + f, b.visible[r] - f);
+    if (b.f16_probs) round_to_f16(scores + r * s_stride + f, b.visible[r] - f);
+    if (f > (int64_t)p0 * P) std::fill(scores + r * s_stride + (int64_t)p0 * P, scores + r * s_stride + f, 0.0f);
     std::fill(b.out + r * b.out_stride, b.out + r * b.out_stride + d, 0.0f);
   }
-  for (int p = 0; p < n_pages; p++) {
+  for (int p = p0; p < n_pages; p++) {
     const int64_t j0 = (int64_t)p * P;
     const int64_t nj = std::min<int64_t>(P, max_vis - j0);
     if (fast) {
@@ -183,10 +190,10 @@ void attend(const AttentionBlock& b, const KvCache& cache, int layer, int head, 
 void attend_reference(const AttentionBlock& b, const KvCache& cache, int layer, int head) {
   const int d = cache.head_dim();
   for (int r = 0; r < b.rows; r++) {
-    const int64_t n = b.visible[r];
-    std::vector<double> s((size_t)n);
+    const int64_t n = b.visible[r], f = b.first ? b.first[r] : 0;
+    std::vector<double> s((size_t)n, 0.0);
     double mx = -INFINITY;
-    for (int64_t j = 0; j < n; j++) {
+    for (int64_t j = f; j < n; j++) {
       const uint16_t* k = cache.key_at(layer, head, j);
       double acc = 0;
       for (int i = 0; i < d; i++) acc += (double)b.q[r * b.q_stride + i] * fp16_to_fp32(k[i]);
@@ -194,11 +201,11 @@ void attend_reference(const AttentionBlock& b, const KvCache& cache, int layer, 
       mx = std::max(mx, acc);
     }
     double sum = 0;
-    for (double& x : s) sum += (x = std::exp(x - mx));
-    for (double& x : s) x = b.f16_probs ? fp16_to_fp32(fp32_to_fp16((float)(x / sum))) : x / sum;
+    for (int64_t j = f; j < n; j++) sum += (s[j] = std::exp(s[j] - mx));
+    for (int64_t j = f; j < n; j++) s[j] = b.f16_probs ? fp16_to_fp32(fp32_to_fp16((float)(s[j] / sum))) : s[j] / sum;
     for (int i = 0; i < d; i++) {
       double o = 0;
-      for (int64_t j = 0; j < n; j++) o += s[j] * fp16_to_fp32(cache.value_at(layer, head, j)[i]);
+      for (int64_t j = f; j < n; j++) o += s[j] * fp16_to_fp32(cache.value_at(layer, head, j)[i]);
       b.out[r * b.out_stride + i] = (float)o;
     }
   }

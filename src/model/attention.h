@@ -16,6 +16,9 @@ struct AttentionBlock {
   // Round attention probabilities to f16 before weighting the f16 values, as llama.cpp's default
   // (non-flash) CPU path does; keeps greedy outputs token-identical to it on near-ties.
   bool f16_probs = false;
+  // Sliding window: [rows] the first stream entry row r may attend to (entries before it get probability
+  // 0); null = 0 for every row.
+  const int64_t* first = nullptr;
 };
 
 // dst[i] = f16(src[i]) * scale: queries rounded to f16 as llama.cpp does before its f16 K dot products.

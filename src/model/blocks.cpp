@@ -1,6 +1,10 @@
 #include "model/blocks.h"
 
+#include <array>
 #include <cmath>
+#include <cstring>
+
+#include "common/fp16.h"
 
 namespace kvzap {
 
@@ -46,6 +50,40 @@ void swiglu(float* gate, const float* up, int64_t n) {
     const float g = gate[i];
     gate[i] = g / (1.0f + std::exp(-g)) * up[i];
   }
+}
+
+float gelu_tanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f, kCoef = 0.044715f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + kCoef * x * x)));
+}
+
+namespace {
+// gelu over every f16 value, rounded to f16: what ggml's CPU GELU (GGML_GELU_FP16) looks up.
+const std::array<uint16_t, 65536>& gelu_f16_table() {
+  static const std::array<uint16_t, 65536> table = [] {
+    std::array<uint16_t, 65536> t{};
+    for (uint32_t i = 0; i < 65536; i++) t[i] = fp32_to_fp16(gelu_tanh(fp16_to_fp32((uint16_t)i)));
+    return t;
+  }();
+  return table;
+}
+}  // namespace
+
+void geglu(float* gate, const float* up, int64_t n) {
+  const std::array<uint16_t, 65536>& table = gelu_f16_table();
+  for (int64_t i = 0; i < n; i++) {
+    const float g = gate[i];
+    float a;
+    if (g <= -10.0f) a = 0.0f;
+    else if (g >= 10.0f) a = g;
+    else a = fp16_to_fp32(table[fp32_to_fp16(g)]);
+    gate[i] = a * up[i];
+  }
+}
+
+void softcap(float* x, int64_t n, float cap) {
+  const float inv = 1.0f / cap;
+  for (int64_t i = 0; i < n; i++) x[i] = cap * std::tanh(x[i] * inv);
 }
 
 void softmax(float* x, int64_t n) {

@@ -14,6 +14,13 @@ void rope_apply(float* x, const float* cos_row, const float* sin_row, int head_d
 void rope_table(int64_t n_pos, int head_dim, float base, float freq_scale, float* cos_out, float* sin_out);
 // x[i] = silu(gate[i]) * up[i]
 void swiglu(float* gate, const float* up, int64_t n);
+// gelu with the tanh approximation (exact formula, f32).
+float gelu_tanh(float x);
+// gate[i] = gelu_tanh(gate[i]) * up[i], with gelu taken as ggml's CPU path does: the input rounded to
+// f16, the result looked up in an f16 table (|x| >= 10: 0 or x).
+void geglu(float* gate, const float* up, int64_t n);
+// x[i] = cap * tanh(x[i] / cap) (final logit soft-capping).
+void softcap(float* x, int64_t n, float cap);
 // In-place softmax; returns the max (for callers that need log-sum-exp).
 void softmax(float* x, int64_t n);
 // log-softmax value of index `id`, and argmax, over a row of logits.

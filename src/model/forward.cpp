@@ -16,9 +16,20 @@ constexpr int kQueryBlock = 16;  // query tokens per attention task (rows = grou
 Forward::Forward(const Model& model, int64_t max_batch, int64_t max_ctx, ThreadPool& pool)
     : model_(model), cfg_(model.config()), pool_(pool), max_batch_(max_batch), max_ctx_(max_ctx) {
   if (cfg_.head_dim % 16 != 0) throw Error("head dimension " + std::to_string(cfg_.head_dim) + " is not a multiple of 16");
-  rope_cos_.resize((size_t)max_ctx * cfg_.head_dim / 2);
-  rope_sin_.resize((size_t)max_ctx * cfg_.head_dim / 2);
-  rope_table(max_ctx, cfg_.head_dim, cfg_.rope_base, cfg_.rope_freq_scale, rope_cos_.data(), rope_sin_.data());
+  if ((int)cfg_.layers.size() != cfg_.n_layer) throw Error("internal: the model config has no per-layer settings");
+  auto table_for = [&](float base, float scale) {
+    for (size_t i = 0; i < rope_tables_.size(); i++)
+      if (rope_tables_[i].base == base && rope_tables_[i].freq_scale == scale) return (int)i;
+    RopeTable t{base, scale, std::vector<float>((size_t)max_ctx * cfg_.head_dim / 2),
+                std::vector<float>((size_t)max_ctx * cfg_.head_dim / 2)};
+    rope_table(max_ctx, cfg_.head_dim, base, scale, t.cos.data(), t.sin.data());
+    rope_tables_.push_back(std::move(t));
+    return (int)rope_tables_.size() - 1;
+  };
+  table_for(cfg_.rope_base, cfg_.rope_freq_scale);
+  for (const LayerConfig& lc : cfg_.layers) layer_rope_.push_back(table_for(lc.rope_base, lc.rope_freq_scale));
+  if (cfg_.has_sliding_layers())
+    for (const LayerConfig& lc : cfg_.layers) windows_.push_back(lc.sliding_window);
   ensure_batch(std::min<int64_t>(max_batch, 64));
   att_rows_ = (int64_t)cfg_.n_group() * kQueryBlock;
   att_scores_.resize(pool.size());
@@ -26,7 +37,9 @@ Forward::Forward(const Model& model, int64_t max_batch, int64_t max_ctx, ThreadP
   att_q_.resize(pool.size());
   att_out_.resize(pool.size());
   att_visible_.resize(pool.size());
+  att_first_.resize(pool.size());
   for (int t = 0; t < pool.size(); t++) {
+    att_first_[t].resize((size_t)att_rows_);
     att_scores_[t].resize((size_t)att_rows_ * max_ctx);
     att_kv_[t].resize((size_t)KvCache::kPageTokens * cfg_.head_dim);
     att_q_[t].resize((size_t)att_rows_ * cfg_.head_dim);
@@ -85,6 +98,7 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
       if (sg.tokens[i] < 0 || sg.tokens[i] >= cfg_.n_vocab)
         throw Error("token id " + std::to_string(sg.tokens[i]) + " is out of range");
     if (sg.mode != LogitsMode::None && !sg.logits) throw Error("internal: forward segment without a logits buffer");
+    if (sg.cache->layer_windows() != windows_) sg.cache->set_layer_windows(windows_);
     n += sg.n;
   }
   if (n == 0) return;
@@ -135,6 +149,8 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
         break;
       }
     dequantize_row(w.token_embd.type, w.token_embd.data + (size_t)tok * w.token_embd.row_stride, &x_[t * E], E);
+    if (cfg_.embd_scale != 1.0f)
+      for (int64_t i = 0; i < E; i++) x_[t * E + i] *= cfg_.embd_scale;
   });
 
   for (int l = 0; l < cfg_.n_layer; l++) {
@@ -158,8 +174,8 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
         for (int64_t h = 0; h < H; h++) rmsnorm(q + h * D, L.q_norm, q + h * D, D, cfg_.rms_eps);
         for (int64_t h = 0; h < Hkv; h++) rmsnorm(k + h * D, L.k_norm, k + h * D, D, cfg_.rms_eps);
       }
-      const float* c = rope_cos(pos_[t]);
-      const float* s = rope_sin(pos_[t]);
+      const float* c = rope_cos(pos_[t], l);
+      const float* s = rope_sin(pos_[t], l);
       for (int64_t h = 0; h < H; h++) rope_apply(q + h * D, c, s, (int)D, cfg_.rope_mode);
       for (int64_t h = 0; h < Hkv; h++) rope_apply(k + h * D, c, s, (int)D, cfg_.rope_mode);
     });
@@ -183,10 +199,14 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
       segs[s].cache->set_n_past(pos_[r0] + segs[s].n);  // observers see the sequence length including this step
       segs[s].observer->after_attention(st, *segs[s].cache);
     }
+    // Sliding-window layer: free what no later query of the sequence can see.
+    if (cfg_.layers[(size_t)l].is_sliding())
+      for (int s = 0; s < n_segs; s++) segs[s].cache->drop_outside_window(l, pos_[seg_row0_[s]] + segs[s].n);
     matmul(L.wo, attn_.data(), n, proj_.data(), pool_, mm_scratch_);
     pool_.parallel_for(n, [&](int64_t t, int) {
       float* x = &x_[t * E];
-      const float* p = &proj_[t * E];
+      float* p = &proj_[t * E];
+      if (L.attn_post_norm) rmsnorm(p, L.attn_post_norm, p, E, cfg_.rms_eps);
       for (int64_t i = 0; i < E; i++) x[i] += p[i];
       rmsnorm(x, L.ffn_norm, &xn_[t * E], E, cfg_.rms_eps);
     });
@@ -195,11 +215,15 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
       float* ys[2] = {gate_.data(), up_.data()};
       matmul_group(ws, ys, 2, xn_.data(), n, pool_, mm_scratch_);
     }
-    pool_.parallel_for(n, [&](int64_t t, int) { swiglu(&gate_[t * F], &up_[t * F], F); });
+    if (cfg_.ffn_act == FfnActivation::GeluTanh)
+      pool_.parallel_for(n, [&](int64_t t, int) { geglu(&gate_[t * F], &up_[t * F], F); });
+    else
+      pool_.parallel_for(n, [&](int64_t t, int) { swiglu(&gate_[t * F], &up_[t * F], F); });
     matmul(L.down, gate_.data(), n, proj_.data(), pool_, mm_scratch_);
     pool_.parallel_for(n, [&](int64_t t, int) {
       float* x = &x_[t * E];
-      const float* p = &proj_[t * E];
+      float* p = &proj_[t * E];
+      if (L.ffn_post_norm) rmsnorm(p, L.ffn_post_norm, p, E, cfg_.rms_eps);
       for (int64_t i = 0; i < E; i++) x[i] += p[i];
     });
   }
@@ -212,6 +236,8 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
     const int64_t r0 = seg_row0_[s];
     for (int64_t t = 0; t < segs[s].n; t++) rmsnorm(&x_[(r0 + t) * E], w.output_norm, &xn_[t * E], E, cfg_.rms_eps);
     matmul(w.output, xn_.data(), segs[s].n, segs[s].logits, pool_, mm_scratch_);
+    if (cfg_.final_logit_softcap > 0)
+      pool_.parallel_for(segs[s].n, [&](int64_t t, int) { softcap(segs[s].logits + t * V, V, cfg_.final_logit_softcap); });
   }
   last_rows_.clear();
   for (int s = 0; s < n_segs; s++)
@@ -221,11 +247,16 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
   for (int64_t i = 0; i < n_last; i++) rmsnorm(&x_[last_rows_[i] * E], w.output_norm, &xn_[i * E], E, cfg_.rms_eps);
   if (n_last == 1) {
     for (int s = 0; s < n_segs; s++)
-      if (segs[s].mode == LogitsMode::Last) matmul(w.output, xn_.data(), 1, segs[s].logits, pool_, mm_scratch_);
+      if (segs[s].mode == LogitsMode::Last) {
+        matmul(w.output, xn_.data(), 1, segs[s].logits, pool_, mm_scratch_);
+        if (cfg_.final_logit_softcap > 0) softcap(segs[s].logits, V, cfg_.final_logit_softcap);
+      }
     return;
   }
   if (logits_rows_.size() < (size_t)(n_last * V)) logits_rows_.resize((size_t)(n_last * V));
   matmul(w.output, xn_.data(), n_last, logits_rows_.data(), pool_, mm_scratch_);
+  if (cfg_.final_logit_softcap > 0)
+    pool_.parallel_for(n_last, [&](int64_t i, int) { softcap(&logits_rows_[(size_t)i * V], V, cfg_.final_logit_softcap); });
   for (int s = 0, i = 0; s < n_segs; s++)
     if (segs[s].mode == LogitsMode::Last) {
       std::copy(&logits_rows_[(size_t)i * V], &logits_rows_[(size_t)(i + 1) * V], segs[s].logits);
@@ -235,7 +266,8 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
 
 void Forward::attention(int layer, const ForwardSegment* segs, int n_segs) {
   const int64_t D = cfg_.head_dim, H = cfg_.n_head, G = cfg_.n_group();
-  const float scale = 1.0f / std::sqrt((float)D);
+  const float scale = cfg_.query_scale();
+  const bool sliding = cfg_.layers[(size_t)layer].is_sliding();
   pool_.parallel_for((int64_t)att_tasks_.size(), [&](int64_t task, int tid) {
     const AttentionTask& tk = att_tasks_[(size_t)task];
     const ForwardSegment& sg = segs[tk.seg];
@@ -246,14 +278,26 @@ void Forward::attention(int layer, const ForwardSegment* segs, int n_segs) {
     float* qb = att_q_[tid].data();    // [rows][D]
     float* ob = att_out_[tid].data();  // [rows][D]
     int64_t* visible = att_visible_[tid].data();
+    int64_t* first = att_first_[tid].data();
     int rows = 0;
-    for (int64_t t = tk.t0; t < tk.t1; t++)
+    int64_t lo = 0;  // sliding window: first stream entry inside the window of the current token
+    for (int64_t t = tk.t0; t < tk.t1; t++) {
+      if (sliding) {  // entries are sorted by position, and the block's tokens are increasing positions
+        const int64_t start = cache.window_start(layer, pos_[row0 + t]);
+        int64_t hi = n_old + t;
+        while (lo < hi) {
+          const int64_t mid = lo + (hi - lo) / 2;
+          if (cache.position_at(layer, (int)hk, mid) < start) lo = mid + 1; else hi = mid;
+        }
+      }
       for (int64_t g = tk.g0; g < tk.g1; g++, rows++) {
         // Queries are rounded to f16 like llama.cpp does before its f16 K dot products.
         round_rows_f16(&q_[((row0 + t) * H + hk * G + g) * D], qb + rows * D, D, scale);
         visible[rows] = n_old + t + 1;  // causal: old entries plus new tokens up to t
+        first[rows] = lo;
       }
-    AttentionBlock b{qb, D, rows, visible, ob, D, /*f16_probs=*/true};
+    }
+    AttentionBlock b{qb, D, rows, visible, ob, D, /*f16_probs=*/true, sliding ? first : nullptr};
     attend(b, cache, layer, (int)hk, att_scores_[tid].data(), att_kv_[tid].data());
     rows = 0;
     for (int64_t t = tk.t0; t < tk.t1; t++)

@@ -64,9 +64,14 @@ class Forward {
   ThreadPool& pool() { return pool_; }
   MatmulScratch& matmul_scratch() { return mm_scratch_; }
 
-  // RoPE tables, shared with scorers that recompute queries: [max_ctx][head_dim/2].
-  const float* rope_cos(int32_t pos) const { return rope_cos_.data() + (size_t)pos * (cfg_.head_dim / 2); }
-  const float* rope_sin(int32_t pos) const { return rope_sin_.data() + (size_t)pos * (cfg_.head_dim / 2); }
+  // RoPE tables, shared with scorers that recompute queries: [max_ctx][head_dim/2] rows of the global
+  // layers' table, or of layer `layer`'s (sliding-window layers may have their own base).
+  const float* rope_cos(int32_t pos, int layer = -1) const {
+    return rope_tables_[layer < 0 ? 0 : layer_rope_[(size_t)layer]].cos.data() + (size_t)pos * (cfg_.head_dim / 2);
+  }
+  const float* rope_sin(int32_t pos, int layer = -1) const {
+    return rope_tables_[layer < 0 ? 0 : layer_rope_[(size_t)layer]].sin.data() + (size_t)pos * (cfg_.head_dim / 2);
+  }
 
  private:
   // Grows the activation buffers to hold n tokens (only when a larger step than ever before comes).
@@ -100,7 +105,14 @@ class Forward {
   std::vector<AttentionTask> att_tasks_;
   std::vector<float> logits_rows_;      // [n_last][n_vocab] LM-head output of Last segments
   std::vector<int32_t> last_rows_;      // [n_last] rows whose logits are wanted
-  std::vector<float> rope_cos_, rope_sin_;
+  struct RopeTable {
+    float base, freq_scale;
+    std::vector<float> cos, sin;
+  };
+  std::vector<RopeTable> rope_tables_;  // [0]: the global layers' (cfg.rope_base), then any other
+  std::vector<int> layer_rope_;         // [n_layer] index into rope_tables_
+  std::vector<int32_t> windows_;        // [n_layer] sliding windows (0 = global); empty if none
+  std::vector<std::vector<int64_t>> att_first_;       // [rows] first visible entry (sliding window)
   // Attention scratch per thread: scores [rows][max_ctx], one K/V page in f32 [page][D].
   int64_t att_rows_;
   std::vector<std::vector<float>> att_scores_;

@@ -107,6 +107,9 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
   c.rope_mode = spec->rope_mode;
   c.has_qkv_bias = spec->qkv_bias;
   c.has_qk_norm = spec->qk_norm;
+  c.layers.assign((size_t)c.n_layer, LayerConfig{0, c.rope_base, c.rope_freq_scale});
+  if (spec->configure) spec->configure(f, c);
+  if ((int)c.layers.size() != c.n_layer) throw Error("internal: " + c.arch + " left a wrong number of layer configs");
 
   const gguf::TensorInfo* emb = f.find_tensor("token_embd.weight");
   if (!emb) throw Error(path + ": missing tensor 'token_embd.weight'");
@@ -135,6 +138,10 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
     if (c.has_qk_norm) {
       L.q_norm = vector_f32(f, p + "attn_q_norm.weight", c.head_dim, w);
       L.k_norm = vector_f32(f, p + "attn_k_norm.weight", c.head_dim, w);
+    }
+    if (spec->post_norms) {
+      L.attn_post_norm = vector_f32(f, p + "post_attention_norm.weight", E, w);
+      L.ffn_post_norm = vector_f32(f, p + "post_ffw_norm.weight", E, w);
     }
     L.ffn_norm = vector_f32(f, p + "ffn_norm.weight", E, w);
     L.gate = matrix(f, p + "ffn_gate.weight", E, c.n_ff);

@@ -14,7 +14,9 @@ struct LayerWeights {
   const float* bv = nullptr;
   const float* q_norm = nullptr;     // optional per-head RMSNorm gains (qwen3): [D]
   const float* k_norm = nullptr;
+  const float* attn_post_norm = nullptr;  // optional RMSNorm gains on the attention output (gemma3): [n_embd]
   const float* ffn_norm = nullptr;   // [n_embd]
+  const float* ffn_post_norm = nullptr;   // optional RMSNorm gains on the FFN output (gemma3): [n_embd]
   WeightMatrix gate, up, down;       // [n_ff x n_embd] x2, [n_embd x n_ff]
 };
 

@@ -57,6 +57,7 @@ class ThresholdPress : public Press {
   bool decoding_;
   bool in_context_ = false;
   int64_t n_evicted_ = 0;
+  bool sliding_layers_;             // also judge sliding-window layers
   std::vector<Window> windows_;     // [n_layer], sized on first use
   std::vector<float> step_scores_;  // [n_head_kv][n_tok] scratch, grows to the largest step
   std::vector<uint8_t> drop_;       // eviction mask scratch
@@ -80,10 +81,14 @@ int64_t evict_marked(KvCache& cache, const EvictionMask& drop);
 // AdaKv follows kvpress AdaKVPress instead: per layer, a head of T entries keeps
 // n_kept = int(T * (1 - ratio)); its int(n_kept * kAdaKvSafeguard) best entries are protected, and
 // the layer's sum of (T - n_kept) is evicted among the rest of all its heads.
+// Sliding-window layers of the cache (KvCache::layer_window > 0) are neither candidates nor counted
+// in the budget unless include_sliding.
 // scores: [layer][head][slot] for every kept entry. Returns the number of entries removed.
-int64_t evict_lowest(KvCache& cache, const CacheScores& scores, double ratio, RatioScope scope);
+int64_t evict_lowest(KvCache& cache, const CacheScores& scores, double ratio, RatioScope scope,
+                     bool include_sliding = false);
 // The same choice, as a mask (nothing is evicted).
-void mark_lowest(const KvCache& cache, const CacheScores& scores, double ratio, RatioScope scope, EvictionMask& drop);
+void mark_lowest(const KvCache& cache, const CacheScores& scores, double ratio, RatioScope scope, EvictionMask& drop,
+                 bool include_sliding = false);
 // Marks the n lowest entries of one stream (ties: lowest slot first).
 void mark_lowest_in_stream(const std::vector<float>& scores, int64_t n, std::vector<uint8_t>& drop);
 // Checks that scores has one value per kept entry of the cache; throws kvzap::Error otherwise.
@@ -132,6 +137,7 @@ class RatioPress : public Press {
   std::string scorer_name_;
   double ratio_;
   RatioScope scope_;
+  bool sliding_layers_;             // also prune sliding-window layers
   bool in_context_ = false;
   CacheScores recorded_;            // per-step scorers: [layer][head][position] of the context
   std::vector<float> step_scores_;  // [n_head_kv][n_tok] scratch

@@ -64,6 +64,9 @@ struct PressOptions {
   std::string ratio_scope = "global";  // global | layer | head
   int window = 128;           // threshold policy: the most recent `window` tokens are never judged
   bool decoding = false;      // threshold policy: also prune question and generated tokens
+  // Sliding-window layers (Gemma 3's local layers) already keep only their window: presses leave them
+  // alone unless asked (they prune the global layers).
+  bool sliding_layers = false;
   std::string surrogate_dir;  // KVzap surrogates (empty = the shipped default for the model)
   uint64_t seed = 42;         // random press
 };

@@ -136,20 +136,23 @@ void mark_lowest_in_stream(const std::vector<float>& scores, int64_t n, std::vec
   one[0].swap(drop);
 }
 
-void mark_lowest(const KvCache& cache, const CacheScores& scores, double ratio, RatioScope scope, EvictionMask& drop) {
+void mark_lowest(const KvCache& cache, const CacheScores& scores, double ratio, RatioScope scope, EvictionMask& drop,
+                 bool include_sliding) {
   check_score_shape(cache, scores);
   if (!(ratio > 0)) return;  // ratio 0: the cache is not touched at all
   const int L = cache.n_layer(), H = cache.n_head_kv();
+  auto skip = [&](int l) { return !include_sliding && cache.layer_window(l) > 0; };
   std::vector<Candidate> cands;
   switch (scope) {
     case RatioScope::Global:
       cands.reserve((size_t)cache.entries_kept());
       for (int l = 0; l < L; l++)
-        for (int h = 0; h < H; h++) add_stream(cands, scores[(size_t)l][(size_t)h], l, h);
+        for (int h = 0; h < H && !skip(l); h++) add_stream(cands, scores[(size_t)l][(size_t)h], l, h);
       mark_k_lowest(cands, budget(ratio, (int64_t)cands.size()), drop, H);
       break;
     case RatioScope::Layer:
       for (int l = 0; l < L; l++) {
+        if (skip(l)) continue;
         cands.clear();
         for (int h = 0; h < H; h++) add_stream(cands, scores[(size_t)l][(size_t)h], l, h);
         mark_k_lowest(cands, budget(ratio, (int64_t)cands.size()), drop, H);
@@ -157,28 +160,34 @@ void mark_lowest(const KvCache& cache, const CacheScores& scores, double ratio, 
       break;
     case RatioScope::Head:
       for (int l = 0; l < L; l++)
-        for (int h = 0; h < H; h++) {
+        for (int h = 0; h < H && !skip(l); h++) {
           cands.clear();
           add_stream(cands, scores[(size_t)l][(size_t)h], l, h);
           mark_k_lowest(cands, budget(ratio, (int64_t)cands.size()), drop, H);
         }
       break;
     case RatioScope::AdaKv:
-      for (int l = 0; l < L; l++) mark_adakv_layer(cache, scores, l, ratio, drop, cands);
+      for (int l = 0; l < L; l++)
+        if (!skip(l)) mark_adakv_layer(cache, scores, l, ratio, drop, cands);
       break;
   }
 }
 
-int64_t evict_lowest(KvCache& cache, const CacheScores& scores, double ratio, RatioScope scope) {
+int64_t evict_lowest(KvCache& cache, const CacheScores& scores, double ratio, RatioScope scope,
+                     bool include_sliding) {
   check_score_shape(cache, scores);
   if (!(ratio > 0)) return 0;
   EvictionMask drop = empty_mask(cache);
-  mark_lowest(cache, scores, ratio, scope, drop);
+  mark_lowest(cache, scores, ratio, scope, drop, include_sliding);
   return evict_marked(cache, drop);
 }
 
 RatioPress::RatioPress(std::unique_ptr<Scorer> scorer, const PressOptions& opt)
-    : scorer_(std::move(scorer)), scorer_name_(opt.name), ratio_(opt.ratio), scope_(parse_ratio_scope(opt.ratio_scope)) {
+    : scorer_(std::move(scorer)),
+      scorer_name_(opt.name),
+      ratio_(opt.ratio),
+      scope_(parse_ratio_scope(opt.ratio_scope)),
+      sliding_layers_(opt.sliding_layers) {
   if (!scorer_) throw Error("internal: the ratio policy needs a scorer");
   if (!(ratio_ >= 0 && ratio_ < 1)) throw Error("the ratio must be in [0, 1), got " + std::to_string(ratio_));
 }
@@ -243,15 +252,28 @@ int64_t RatioPress::finish_context(KvCache& cache, ContextView* ctx) {
     if (recorded_.empty()) throw Error("internal: the ratio press saw no step of the context");
     scores = std::move(recorded_);
     recorded_.clear();
+    // A sliding-window layer freed its oldest entries while the context was prefilled: its stream holds
+    // the last length() of the recorded positions.
+    for (int l = 0; l < cache.n_layer() && l < (int)scores.size(); l++)
+      for (int h = 0; h < cache.n_head_kv() && h < (int)scores[(size_t)l].size(); h++) {
+        std::vector<float>& s = scores[(size_t)l][(size_t)h];
+        const int64_t len = cache.length(l, h);
+        if (cache.layer_window(l) > 0 && (int64_t)s.size() > len) s.erase(s.begin(), s.end() - len);
+      }
   }
   if (auto* split = dynamic_cast<BudgetSplit*>(scorer_.get())) {
     check_score_shape(cache, scores);
     if (!(ratio_ > 0)) return 0;
     EvictionMask drop = empty_mask(cache);
     split->mark_evictions(cache, scores, ratio_, drop);
+    if (!sliding_layers_)  // its own budget split: the sliding-window layers' share is not taken
+      for (int l = 0; l < cache.n_layer(); l++)
+        if (cache.layer_window(l) > 0)
+          for (int h = 0; h < cache.n_head_kv(); h++)
+            std::fill(drop[(size_t)l * cache.n_head_kv() + h].begin(), drop[(size_t)l * cache.n_head_kv() + h].end(), 0);
     return evict_marked(cache, drop);
   }
-  return evict_lowest(cache, scores, ratio_, scope_);
+  return evict_lowest(cache, scores, ratio_, scope_, sliding_layers_);
 }
 
 std::unique_ptr<Press> make_ratio_press(std::unique_ptr<Scorer> scorer, const PressOptions& opt) {

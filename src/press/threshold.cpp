@@ -34,7 +34,8 @@ ThresholdPress::ThresholdPress(std::unique_ptr<Scorer> scorer, const PressOption
       scorer_name_(opt.name),
       threshold_(opt.threshold),
       window_(opt.window),
-      decoding_(opt.decoding) {
+      decoding_(opt.decoding),
+      sliding_layers_(opt.sliding_layers) {
   if (!scorer_ || !scorer_->per_step()) throw Error("internal: the threshold policy needs a per-step scorer");
   if (window_ < 0) throw Error("the window must be >= 0, got " + std::to_string(window_));
 }
@@ -54,6 +55,7 @@ void ThresholdPress::start_context() {
 
 void ThresholdPress::after_attention(const LayerStep& step, KvCache& cache) {
   if (step.n_tok <= 0) return;
+  if (!sliding_layers_ && cache.layer_window(step.layer) > 0) return;  // its window already bounds it
   const int H = cache.n_head_kv();
   if (windows_.size() != (size_t)cache.n_layer()) {
     windows_.assign((size_t)cache.n_layer(), Window{});

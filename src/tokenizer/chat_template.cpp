@@ -148,6 +148,25 @@ std::string render_llama31(const std::vector<ChatMessage>& msgs, const ChatOptio
   return out;
 }
 
+// Gemma's turn format (what Gemma 3's own template renders for plain text): BOS, a system message folded
+// into the first user turn, assistant turns under the role "model", contents trimmed.
+std::string render_gemma(const std::vector<ChatMessage>& msgs, const ChatOptions& opt) {
+  std::string out = "<bos>";
+  size_t first = 0;
+  std::string prefix;
+  if (!msgs.empty() && msgs[0].role == "system") {
+    prefix = msgs[0].content + "\n\n";
+    first = 1;
+  }
+  for (size_t i = first; i < msgs.size(); ++i) {
+    const ChatMessage& m = msgs[i];
+    const std::string role = m.role == "assistant" ? "model" : m.role;
+    out += "<start_of_turn>" + role + "\n" + (i == first ? prefix : "") + jinja_trim(m.content) + "<end_of_turn>\n";
+  }
+  if (opt.add_generation_prompt) out += "<start_of_turn>model\n";
+  return out;
+}
+
 }  // namespace
 
 ChatFormat detect_chat_format(const TokenizerVocab& v) {
@@ -158,6 +177,7 @@ ChatFormat detect_chat_format(const TokenizerVocab& v) {
     if (contains(t, "SmolLM")) return ChatFormat::ChatML_SmolLM2;
     return ChatFormat::ChatML;
   }
+  if (contains(t, "<start_of_turn>")) return ChatFormat::Gemma;
   // No (recognisable) template text: fall back on the vocabulary's turn markers.
   for (const std::string& tok : v.tokens) {
     if (tok == "<|start_header_id|>") return ChatFormat::Llama31;
@@ -165,7 +185,10 @@ ChatFormat detect_chat_format(const TokenizerVocab& v) {
   for (const std::string& tok : v.tokens) {
     if (tok == "<|im_start|>") return ChatFormat::ChatML;
   }
-  throw Error("no built-in chat format matches this model's chat template (choose one: smollm2, chatml, qwen3, llama3.1)");
+  for (const std::string& tok : v.tokens) {
+    if (tok == "<start_of_turn>") return ChatFormat::Gemma;
+  }
+  throw Error("no built-in chat format matches this model's chat template (choose one: smollm2, chatml, qwen3, llama3.1, gemma)");
 }
 
 ChatFormat chat_format_from_name(const std::string& name) {
@@ -173,7 +196,19 @@ ChatFormat chat_format_from_name(const std::string& name) {
   if (name == "chatml") return ChatFormat::ChatML;
   if (name == "qwen3") return ChatFormat::Qwen3;
   if (name == "llama3.1" || name == "llama3") return ChatFormat::Llama31;
-  throw Error("unknown chat format '" + name + "' (choose one: smollm2, chatml, qwen3, llama3.1)");
+  if (name == "gemma") return ChatFormat::Gemma;
+  throw Error("unknown chat format '" + name + "' (choose one: smollm2, chatml, qwen3, llama3.1, gemma)");
+}
+
+const char* chat_format_name(ChatFormat fmt) {
+  switch (fmt) {
+    case ChatFormat::ChatML_SmolLM2: return "smollm2";
+    case ChatFormat::ChatML: return "chatml";
+    case ChatFormat::Qwen3: return "qwen3";
+    case ChatFormat::Llama31: return "llama3.1";
+    case ChatFormat::Gemma: return "gemma";
+  }
+  return "?";
 }
 
 std::string apply_chat_template(ChatFormat fmt, const std::vector<ChatMessage>& msgs, const ChatOptions& opt) {
@@ -182,6 +217,7 @@ std::string apply_chat_template(ChatFormat fmt, const std::vector<ChatMessage>& 
     case ChatFormat::ChatML: return render_chatml(msgs, opt, false);
     case ChatFormat::Qwen3: return render_qwen3(msgs, opt);
     case ChatFormat::Llama31: return render_llama31(msgs, opt);
+    case ChatFormat::Gemma: return render_gemma(msgs, opt);
   }
   throw Error("unknown chat format");
 }

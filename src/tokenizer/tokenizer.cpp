@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <string_view>
 
 #include "kvzap/error.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/pre_tokenizer.h"
+#include "tokenizer/spm.h"
 #include "tokenizer/unicode_text.h"
 
 namespace kvzap {
@@ -59,6 +61,8 @@ struct Fragment {
 
 struct Tokenizer::Impl {
   int32_t n_vocab = 0;
+  bool spm = false;            // SentencePiece vocabulary (spm.h)
+  tok::SpmVocab spm_vocab;
   PreTokenizer pre = PreTokenizer::Smollm;
   bool ignore_merges = false;  // Llama 3: a piece that is a whole vocab entry is not merged
   bool nfc = false;            // Qwen2: HF normalises to NFC first
@@ -90,6 +94,8 @@ struct Tokenizer::Impl {
 
   void partition(std::string_view text, bool parse_special, std::vector<Fragment>& frags) const;
   void encode_raw(std::string_view text, const TokenizerVocab& v, std::vector<int32_t>& out) const;
+  std::vector<int32_t> encode_spm(std::string_view text, const std::vector<Fragment>& frags, const TokenizerVocab& v,
+                                  bool add_bos) const;
   void bpe_piece(std::string_view piece, const TokenizerVocab& v, std::vector<Symbol>& syms,
                  std::vector<Bigram>& heap, std::vector<int32_t>& out) const;
 };
@@ -104,6 +110,10 @@ Tokenizer::Tokenizer(TokenizerVocab vocab) : impl_(std::make_shared<Impl>()), vo
                 std::to_string(v.token_types.size()) + " token types");
   for (int32_t id : {v.bos_id, v.eos_id, v.eot_id, v.unk_id, v.pad_id})
     if (id >= m.n_vocab) throw Error("special token id " + std::to_string(id) + " is outside the vocabulary");
+  m.spm = v.kind == TokenizerKind::SentencePiece;
+  if (m.spm && v.scores.size() != v.tokens.size())
+    throw Error("tokenizer has " + std::to_string(v.tokens.size()) + " tokens but " + std::to_string(v.scores.size()) +
+                " scores");
   m.pre = v.pre;
   m.ignore_merges = v.pre == PreTokenizer::Llama3;
   m.nfc = v.pre == PreTokenizer::Qwen2;
@@ -133,14 +143,39 @@ Tokenizer::Tokenizer(TokenizerVocab vocab) : impl_(std::make_shared<Impl>()), vo
         break;
       case kUnused:
         break;
-      default:
+      case kByte:
+        if (m.spm) {  // "<0xXX>"
+          unsigned v = 0;
+          if (text.size() != 6 || std::sscanf(text.c_str(), "<0x%2X>", &v) != 1)
+            throw Error("byte token #" + std::to_string(id) + " '" + text + "' is not of the form <0xXX>");
+          m.bytes[id] = std::string(1, (char)v);
+          break;
+        }
         m.bytes[id] = tok::byte_level_to_bytes(text);
+        break;
+      default:
+        m.bytes[id] = m.spm ? tok::spm_unescape_whitespace(text) : tok::byte_level_to_bytes(text);
     }
     if (id == v.eos_id || id == v.eot_id || is_eog_text(text)) m.eog_ids.push_back(id);
   }
   std::stable_sort(m.partition_tokens.begin(), m.partition_tokens.end(), [&](int32_t a, int32_t b) {
     return v.tokens[a].size() > v.tokens[b].size();
   });
+
+  if (m.spm) {
+    // Byte fallback: the <0xXX> token of each byte, else a token whose text is that one byte.
+    m.spm_vocab.text_to_id = &m.text_to_id;
+    m.spm_vocab.scores = &v.scores;
+    m.spm_vocab.unk_id = v.unk_id;
+    for (int b = 0; b < 256; ++b) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "<0x%02X>", b);
+      auto it = m.text_to_id.find(hex);
+      if (it == m.text_to_id.end()) it = m.text_to_id.find(std::string(1, (char)b));
+      m.spm_vocab.byte_token[b] = it == m.text_to_id.end() ? -1 : it->second;
+    }
+    return;
+  }
 
   for (int b = 0; b < 256; ++b) {
     std::string s;
@@ -159,11 +194,50 @@ Tokenizer::Tokenizer(TokenizerVocab vocab) : impl_(std::make_shared<Impl>()), vo
   }
 }
 
+namespace {
+
+// tokenizer.ggml.model = "llama": tokens, scores and token types, with llama.cpp's defaults for what
+// the file leaves out (BOS 1, EOS 2, unknown 0; BOS added, a space prefix added).
+std::unique_ptr<Tokenizer> sentencepiece_from_gguf(const gguf::File& f) {
+  TokenizerVocab v;
+  v.kind = TokenizerKind::SentencePiece;
+  v.tokens = f.get_string_array("tokenizer.ggml.tokens");
+  if (!f.has("tokenizer.ggml.scores"))
+    throw Error(f.path() + ": missing metadata key 'tokenizer.ggml.scores' (a SentencePiece vocabulary needs it)");
+  for (double s : f.get_float_array("tokenizer.ggml.scores")) v.scores.push_back((float)s);
+  if (f.has("tokenizer.ggml.token_type"))
+    for (int64_t t : f.get_int_array("tokenizer.ggml.token_type")) v.token_types.push_back((int32_t)t);
+  const int64_t n = (int64_t)v.tokens.size();
+  auto id = [&](const char* key, int32_t dflt) {
+    const auto x = f.get_int_opt(key);
+    if (!x) return dflt < n ? dflt : -1;
+    if (*x < 0 || *x >= n) throw Error(f.path() + ": " + key + " = " + std::to_string(*x) + " is outside the vocabulary");
+    return (int32_t)*x;
+  };
+  v.bos_id = id("tokenizer.ggml.bos_token_id", 1);
+  v.eos_id = id("tokenizer.ggml.eos_token_id", 2);
+  v.unk_id = id("tokenizer.ggml.unknown_token_id", 0);
+  v.eot_id = id("tokenizer.ggml.eot_token_id", -1);
+  v.pad_id = id("tokenizer.ggml.padding_token_id", -1);
+  v.add_bos = f.get_bool_opt("tokenizer.ggml.add_bos_token", true);
+  v.add_eos = f.get_bool_opt("tokenizer.ggml.add_eos_token", false);
+  v.add_space_prefix = f.get_bool_opt("tokenizer.ggml.add_space_prefix", true);
+  v.chat_template = f.get_string_opt("tokenizer.chat_template").value_or("");
+  try {
+    return std::make_unique<Tokenizer>(std::move(v));
+  } catch (const Error& e) {
+    throw Error(f.path() + ": " + e.what());
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::File& f) {
   const std::string model = f.get_string("tokenizer.ggml.model");
+  if (model == "llama") return sentencepiece_from_gguf(f);
   if (model != "gpt2")
     throw Error(f.path() + ": unsupported tokenizer model '" + model +
-                "' (tokenizer.ggml.model; only byte-level BPE 'gpt2' is supported)");
+                "' (tokenizer.ggml.model; supported: byte-level BPE 'gpt2', SentencePiece 'llama')");
   TokenizerVocab v;
   try {
     v.pre = tok::pre_tokenizer_from_name(f.get_string_opt("tokenizer.ggml.pre").value_or("default"));
@@ -285,9 +359,37 @@ void Tokenizer::Impl::bpe_piece(std::string_view piece, const TokenizerVocab& v,
   }
 }
 
+// SentencePiece: raw fragments are escaped and merged by score; a fragment that follows BOS or a special
+// token gets a leading space when the vocabulary asks for it (llama.cpp's is_prev_special rule).
+std::vector<int32_t> Tokenizer::Impl::encode_spm(std::string_view text, const std::vector<Fragment>& frags,
+                                                 const TokenizerVocab& v, bool add_bos) const {
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 2);
+  if (add_bos && v.bos_id >= 0) out.push_back(v.bos_id);
+  bool prev_special = true;
+  for (const Fragment& f : frags) {
+    if (f.token >= 0) {
+      out.push_back(f.token);
+      prev_special = true;
+      continue;
+    }
+    std::string raw = v.add_space_prefix && prev_special ? " " : "";
+    raw += text.substr(f.offset, f.length);
+    tok::spm_tokenize(tok::spm_escape_whitespace(raw), spm_vocab, out);
+    prev_special = false;
+  }
+  if (add_bos && v.add_eos && v.eos_id >= 0) out.push_back(v.eos_id);
+  return out;
+}
+
 std::vector<int32_t> Tokenizer::encode(const std::string& text, bool add_bos, bool parse_special) const {
   size_t bad = 0;
   if (!is_valid_utf8(text, &bad)) throw Error("invalid UTF-8 at byte " + std::to_string(bad));
+  if (impl_->spm) {
+    std::vector<Fragment> frags;
+    if (!text.empty()) impl_->partition(text, parse_special, frags);
+    return impl_->encode_spm(text, frags, vocab_, add_bos);
+  }
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 2);
   if (add_bos && vocab_.bos_id >= 0) out.push_back(vocab_.bos_id);
@@ -322,6 +424,12 @@ bool Tokenizer::is_eog(int32_t id) const {
 
 int32_t Tokenizer::token_id(const std::string& text) const {
   const auto& map = impl_->text_to_id;
+  if (impl_->spm) {
+    if (auto it = map.find(tok::spm_escape_whitespace(text)); it != map.end() && impl_->bytes[it->second] == text)
+      return it->second;
+    if (auto it = map.find(text); it != map.end() && impl_->bytes[it->second] == text) return it->second;
+    return -1;
+  }
   if (auto it = map.find(tok::bytes_to_byte_level(text)); it != map.end()) return it->second;
   // Control and user-defined tokens are stored as plain text.
   if (auto it = map.find(text); it != map.end() && impl_->bytes[it->second] == text) return it->second;

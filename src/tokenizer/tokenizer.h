@@ -1,4 +1,5 @@
-// Byte-level BPE tokenizer (GPT-2 family: SmolLM2, Llama 3, Qwen2/3) built from GGUF metadata.
+// Tokenizers built from GGUF metadata: byte-level BPE (tokenizer.ggml.model "gpt2": SmolLM2, Llama 3,
+// Qwen2/3) and SentencePiece-style BPE by score ("llama": Gemma, Llama 2, Mistral; spm.h).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -11,25 +12,34 @@
 namespace kvzap {
 
 enum class PreTokenizer { Smollm, Llama3, Qwen2, Gpt2 };
+enum class TokenizerKind { ByteLevelBpe, SentencePiece };
 
 struct TokenizerVocab {
-  std::vector<std::string> tokens;     // byte-level unicode form, as stored in tokenizer.ggml.tokens
+  TokenizerKind kind = TokenizerKind::ByteLevelBpe;
+  // As stored in tokenizer.ggml.tokens: byte-level unicode form (ByteLevelBpe), or SentencePiece form
+  // (spaces as U+2581, bytes as <0xXX> tokens of type 6).
+  std::vector<std::string> tokens;
   std::vector<int32_t> token_types;    // 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte
-  std::vector<std::string> merges;     // "left right", index = rank
+  std::vector<std::string> merges;     // "left right", index = rank (ByteLevelBpe)
+  std::vector<float> scores;           // [n_vocab] merge priority (SentencePiece)
   PreTokenizer pre = PreTokenizer::Smollm;
   int32_t bos_id = -1, eos_id = -1, eot_id = -1, unk_id = -1, pad_id = -1;
   bool add_bos = false;
+  bool add_eos = false;                // SentencePiece: encode(add_bos = true) also appends EOS
+  bool add_space_prefix = false;       // SentencePiece: a space before text that follows BOS/a special token
   std::string chat_template;           // raw Jinja text from the file (used to pick a built-in formatter)
 };
 
 class Tokenizer {
  public:
   explicit Tokenizer(TokenizerVocab vocab);
-  // Reads tokenizer.ggml.* from the file; throws kvzap::Error for a non-"gpt2" model or unknown pre.
+  // Reads tokenizer.ggml.* from the file; throws kvzap::Error for a model other than "gpt2" / "llama",
+  // or an unknown pre-tokenizer.
   static std::unique_ptr<Tokenizer> from_gguf(const gguf::File& f);
 
   // Text must be valid UTF-8 (throws kvzap::Error "invalid UTF-8 at byte N" otherwise).
-  // parse_special: literal special/control token strings in the text become their ids.
+  // parse_special: literal special/control token strings in the text become their ids (user-defined
+  // tokens always do, as in llama.cpp).
   std::vector<int32_t> encode(const std::string& text, bool add_bos, bool parse_special = true) const;
   // Raw bytes of one token (control tokens render as their text unless skip_special).
   std::string token_bytes(int32_t id, bool skip_special = false) const;
@@ -62,9 +72,10 @@ struct ChatMessage {
   std::string role;     // system | user | assistant
   std::string content;
 };
-enum class ChatFormat { ChatML_SmolLM2, Qwen3, Llama31, ChatML };
+enum class ChatFormat { ChatML_SmolLM2, Qwen3, Llama31, ChatML, Gemma };
 ChatFormat detect_chat_format(const TokenizerVocab& v);
-ChatFormat chat_format_from_name(const std::string& name);  // "smollm2" | "chatml" | "qwen3" | "llama3.1"
+ChatFormat chat_format_from_name(const std::string& name);  // "smollm2" | "chatml" | "qwen3" | "llama3.1" | "gemma"
+const char* chat_format_name(ChatFormat fmt);
 struct ChatOptions {
   bool add_generation_prompt = true;
   bool enable_thinking = true;         // Qwen3
