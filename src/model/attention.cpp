@@ -6,34 +6,33 @@
 #include <vector>
 
 #include "common/fp16.h"
+#include "kernels/isa_dispatch.h"
 #include "kernels/matmul.h"
 
 namespace kvzap {
 
 namespace {
 
-// The hot loops are plain C++ written so the compiler vectorises them (lane-split accumulators, no
-// cross-lane reduction in the inner loop); target_clones builds AVX-512, AVX2 and baseline versions and
-// picks one at load time.
-#define KVZAP_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+// The portable hot loops are plain C++ written so the compiler vectorises them (lane-split accumulators,
+// no cross-lane reduction in the inner loop), built for AVX-512, AVX2 and baseline by KVZAP_ISA_DISPATCH
+// and chosen per call by active_isa() (kernels/isa_dispatch.h).
 
-KVZAP_CLONES
-void page_to_f32(const uint16_t* src, float* dst, int64_t n) {
+KVZAP_INLINE_BODY void page_to_f32_body(const uint16_t* src, float* dst, int64_t n) {
   const _Float16* h = reinterpret_cast<const _Float16*>(src);  // same bits; F16C converts in bulk
   for (int64_t i = 0; i < n; i++) dst[i] = (float)h[i];
 }
+KVZAP_ISA_DISPATCH(void, page_to_f32, (const uint16_t* src, float* dst, int64_t n), (src, dst, n))
 
 // Keys of one page, transposed to [D][P] so a row's scores against the whole page are P lanes.
-KVZAP_CLONES
-void page_keys_transposed(const uint16_t* src, float* dst, int64_t nj, int d) {
+KVZAP_INLINE_BODY void page_keys_transposed_body(const uint16_t* src, float* dst, int64_t nj, int d) {
   const _Float16* h = reinterpret_cast<const _Float16*>(src);
   constexpr int P = KvCache::kPageTokens;
   for (int64_t j = 0; j < P; j++)
     for (int i = 0; i < d; i++) dst[i * P + j] = j < nj ? (float)h[j * d + i] : 0.0f;
 }
+KVZAP_ISA_DISPATCH(void, page_keys_transposed, (const uint16_t* src, float* dst, int64_t nj, int d), (src, dst, nj, d))
 
-KVZAP_CLONES
-void scores_page(const float* q, int64_t q_stride, int rows, const int64_t* visible, const float* kt,
+KVZAP_INLINE_BODY void scores_page_body(const float* q, int64_t q_stride, int rows, const int64_t* visible, const float* kt,
                  int64_t j0, int64_t nj, int d, float* scores, int64_t s_stride) {
   constexpr int P = KvCache::kPageTokens;
   for (int r = 0; r < rows; r++) {
@@ -48,9 +47,9 @@ void scores_page(const float* q, int64_t q_stride, int rows, const int64_t* visi
     for (int64_t j = 0; j < jmax; j++) sr[j] = acc[j];
   }
 }
+KVZAP_ISA_DISPATCH(void, scores_page, (const float* q, int64_t q_stride, int rows, const int64_t* visible, const float* kt, int64_t j0, int64_t nj, int d, float* scores, int64_t s_stride), (q, q_stride, rows, visible, kt, j0, nj, d, scores, s_stride))
 
-KVZAP_CLONES
-void accumulate_page(const float* probs, int64_t s_stride, int rows, const int64_t* visible, const float* vf,
+KVZAP_INLINE_BODY void accumulate_page_body(const float* probs, int64_t s_stride, int rows, const int64_t* visible, const float* vf,
                      int64_t j0, int64_t nj, int d, float* out, int64_t out_stride) {
   for (int r = 0; r < rows; r++) {
     const float* pr = probs + r * s_stride + j0;
@@ -74,6 +73,7 @@ void accumulate_page(const float* probs, int64_t s_stride, int rows, const int64
     }
   }
 }
+KVZAP_ISA_DISPATCH(void, accumulate_page, (const float* probs, int64_t s_stride, int rows, const int64_t* visible, const float* vf, int64_t j0, int64_t nj, int d, float* out, int64_t out_stride), (probs, s_stride, rows, visible, vf, j0, nj, d, out, out_stride))
 
 // exp for the softmax: Cody-Waite reduction + degree-6 polynomial (rel. error ~2e-7), written so the
 // compiler vectorises it (std::exp does not vectorise without -ffast-math).
@@ -96,20 +96,19 @@ inline float fast_exp(float x) {
 
 }  // namespace
 
-KVZAP_CLONES
-void round_rows_f16(const float* src, float* dst, int64_t n, float scale) {
+KVZAP_INLINE_BODY void round_rows_f16_body(const float* src, float* dst, int64_t n, float scale) {
   for (int64_t i = 0; i < n; i++) dst[i] = (float)(_Float16)src[i] * scale;
 }
+KVZAP_ISA_DISPATCH(void, round_rows_f16, (const float* src, float* dst, int64_t n, float scale), (src, dst, n, scale))
 
 namespace {
 
-KVZAP_CLONES
-void round_to_f16(float* x, int64_t n) {
+KVZAP_INLINE_BODY void round_to_f16_body(float* x, int64_t n) {
   for (int64_t i = 0; i < n; i++) x[i] = (float)(_Float16)x[i];
 }
+KVZAP_ISA_DISPATCH(void, round_to_f16, (float* x, int64_t n), (x, n))
 
-KVZAP_CLONES
-void softmax_row(float* x, int64_t n) {
+KVZAP_INLINE_BODY void softmax_row_body(float* x, int64_t n) {
   float mx = -INFINITY;
   for (int64_t i = 0; i < n; i++) mx = std::max(mx, x[i]);
   float lanes[16] = {0};
@@ -128,6 +127,7 @@ void softmax_row(float* x, int64_t n) {
   const float inv = 1.0f / sum;
   for (int64_t k = 0; k < n; k++) x[k] *= inv;
 }
+KVZAP_ISA_DISPATCH(void, softmax_row, (float* x, int64_t n), (x, n))
 
 // The matmul kernels' dispatch decides (one mechanism: KVZAP_ISA / set_active_isa), so the portable
 // path below is what runs, and is tested, under KVZAP_ISA=avx2 or scalar on an AVX-512 host.

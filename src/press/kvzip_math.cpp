@@ -9,14 +9,12 @@
 #include "kvzap/error.h"
 #include "model/model.h"
 #include "press/surrogate.h"
+#include "kernels/isa_dispatch.h"
 
 namespace kvzap {
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define KVZIP_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define KVZIP_CLONES
-#endif
+// Hot loops: plain C++ bodies built for AVX-512, AVX2 and baseline by KVZAP_ISA_DISPATCH, chosen per call
+// by active_isa() (kernels/isa_dispatch.h).
 
 OutputNorms::OutputNorms(const Model& model) {
   const ModelConfig& c = model.config();
@@ -67,8 +65,7 @@ void inverse_row_norms(const float* x, int64_t n, int64_t d, float* out) {
   }
 }
 
-KVZIP_CLONES
-void exp_nonpositive_inplace(float* x, int64_t n) {
+KVZAP_INLINE_BODY void exp_nonpositive_inplace_body(float* x, int64_t n) {
   // Cephes expf: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by a degree-7 polynomial, times 2^n.
   for (int64_t i = 0; i < n; i++) {
     const float in = x[i];
@@ -86,12 +83,12 @@ void exp_nonpositive_inplace(float* x, int64_t n) {
     x[i] = in < -87.0f ? 0.0f : y * scale;
   }
 }
+KVZAP_ISA_DISPATCH(void, exp_nonpositive_inplace, (float* x, int64_t n), (x, n))
 
 namespace {
 
 // Max of x[0..n) (n >= 1), in lanes so it vectorises.
-KVZIP_CLONES
-float row_max(const float* x, int64_t n) {
+KVZAP_INLINE_BODY float row_max_body(const float* x, int64_t n) {
   float m[16];
   for (int l = 0; l < 16; l++) m[l] = -INFINITY;
   int64_t i = 0;
@@ -102,12 +99,12 @@ float row_max(const float* x, int64_t n) {
   for (; i < n; i++) r = std::max(r, x[i]);
   return r;
 }
+KVZAP_ISA_DISPATCH(float, row_max, (const float* x, int64_t n), (x, n))
 
 // x[i] -= m, then exp, and returns the sum (float lanes, merged in double).
-KVZIP_CLONES
-double shift_exp_sum(float* x, int64_t n, float m) {
+KVZAP_INLINE_BODY double shift_exp_sum_body(float* x, int64_t n, float m) {
   for (int64_t i = 0; i < n; i++) x[i] -= m;
-  exp_nonpositive_inplace(x, n);
+  exp_nonpositive_inplace_body(x, n);
   float s[16] = {0};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
@@ -117,10 +114,10 @@ double shift_exp_sum(float* x, int64_t n, float m) {
   for (; i < n; i++) r += x[i];
   return r;
 }
+KVZAP_ISA_DISPATCH(double, shift_exp_sum, (float* x, int64_t n, float m), (x, n, m))
 
 // cm[c] = max(cm[c], e[c] * k * cs[c])
-KVZIP_CLONES
-void scaled_max(float* cm, const float* e, const float* cs, float k, int64_t n) {
+KVZAP_INLINE_BODY void scaled_max_body(float* cm, const float* e, const float* cs, float k, int64_t n) {
   if (cs) {
     for (int64_t c = 0; c < n; c++) {
       const float a = e[c] * k * cs[c];
@@ -133,6 +130,7 @@ void scaled_max(float* cm, const float* e, const float* cs, float k, int64_t n) 
     }
   }
 }
+KVZAP_ISA_DISPATCH(void, scaled_max, (float* cm, const float* e, const float* cs, float k, int64_t n), (cm, e, cs, k, n))
 
 constexpr int64_t kRowBlock = 16;
 

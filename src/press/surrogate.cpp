@@ -13,14 +13,12 @@
 
 #include "format/safetensors.h"
 #include "kernels/matmul.h"
+#include "kernels/isa_dispatch.h"
 #include "kvzap/error.h"
 
-// Hot kernels are cloned for AVX2+FMA (x86-64-v3) and chosen at load time by the dynamic linker.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define KVZ_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define KVZ_CLONES
-#endif
+// Hot kernels: bodies built for AVX-512, AVX2 and baseline by KVZAP_ISA_DISPATCH and chosen per call by
+// active_isa() (kernels/isa_dispatch.h); the 32-byte vectors below are one AVX register in the AVX2 and
+// AVX-512 builds, two SSE registers in the baseline one.
 #define KVZ_INLINE inline __attribute__((always_inline))
 // The 32-byte vector helpers are always inlined, so the "AVX vector return changes the ABI" note
 // about them in the baseline clone is moot.
@@ -220,26 +218,31 @@ KVZ_INLINE float gelu_fast(float x) {
 
 }  // namespace
 
-KVZ_CLONES void gemm_nn(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+KVZAP_INLINE_BODY void gemm_nn_body(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
                         int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   gemm_nn_impl(M, N, K, A, lda, B, ldb, C, ldc, accumulate);
 }
-KVZ_CLONES void gemm_nn(int64_t M, int64_t N, int64_t K, const double* A, int64_t lda, const double* B,
+KVZAP_ISA_DISPATCH(void, gemm_nn, (int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate), (M, N, K, A, lda, B, ldb, C, ldc, accumulate))
+KVZAP_INLINE_BODY void gemm_nn_body(int64_t M, int64_t N, int64_t K, const double* A, int64_t lda, const double* B,
                         int64_t ldb, double* C, int64_t ldc, bool accumulate) {
   gemm_nn_impl(M, N, K, A, lda, B, ldb, C, ldc, accumulate);
 }
-KVZ_CLONES void gemm_nt(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* Bt,
+KVZAP_ISA_DISPATCH(void, gemm_nn, (int64_t M, int64_t N, int64_t K, const double* A, int64_t lda, const double* B, int64_t ldb, double* C, int64_t ldc, bool accumulate), (M, N, K, A, lda, B, ldb, C, ldc, accumulate))
+KVZAP_INLINE_BODY void gemm_nt_body(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* Bt,
                         int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   gemm_nt_impl(M, N, K, A, lda, Bt, ldb, C, ldc, accumulate);
 }
-KVZ_CLONES void gemm_nt(int64_t M, int64_t N, int64_t K, const double* A, int64_t lda, const double* Bt,
+KVZAP_ISA_DISPATCH(void, gemm_nt, (int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* Bt, int64_t ldb, float* C, int64_t ldc, bool accumulate), (M, N, K, A, lda, Bt, ldb, C, ldc, accumulate))
+KVZAP_INLINE_BODY void gemm_nt_body(int64_t M, int64_t N, int64_t K, const double* A, int64_t lda, const double* Bt,
                         int64_t ldb, double* C, int64_t ldc, bool accumulate) {
   gemm_nt_impl(M, N, K, A, lda, Bt, ldb, C, ldc, accumulate);
 }
+KVZAP_ISA_DISPATCH(void, gemm_nt, (int64_t M, int64_t N, int64_t K, const double* A, int64_t lda, const double* Bt, int64_t ldb, double* C, int64_t ldc, bool accumulate), (M, N, K, A, lda, Bt, ldb, C, ldc, accumulate))
 
-KVZ_CLONES void gelu_inplace(float* x, int64_t n) {
+KVZAP_INLINE_BODY void gelu_inplace_body(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = gelu_fast(x[i]);
 }
+KVZAP_ISA_DISPATCH(void, gelu_inplace, (float* x, int64_t n), (x, n))
 
 float gelu(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
 double gelu(double x) { return 0.5 * x * (1.0 + std::erf(x * 0.70710678118654752)); }
