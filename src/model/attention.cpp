@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/fp16.h"
+#include "kernels/fast_exp.h"
 #include "kernels/isa_dispatch.h"
 #include "kernels/matmul.h"
 
@@ -75,24 +76,6 @@ KVZAP_INLINE_BODY void accumulate_page_body(const float* probs, int64_t s_stride
 }
 KVZAP_ISA_DISPATCH(void, accumulate_page, (const float* probs, int64_t s_stride, int rows, const int64_t* visible, const float* vf, int64_t j0, int64_t nj, int d, float* out, int64_t out_stride), (probs, s_stride, rows, visible, vf, j0, nj, d, out, out_stride))
 
-// exp for the softmax: Cody-Waite reduction + degree-6 polynomial (rel. error ~2e-7), written so the
-// compiler vectorises it (std::exp does not vectorise without -ffast-math).
-inline float fast_exp(float x) {
-  x = std::max(-87.0f, std::min(88.0f, x));
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t e = ((int32_t)n + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &e, 4);
-  return p * scale;
-}
 
 }  // namespace
 

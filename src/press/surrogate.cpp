@@ -13,6 +13,7 @@
 
 #include "format/safetensors.h"
 #include "kernels/matmul.h"
+#include "kernels/fast_exp.h"
 #include "kernels/isa_dispatch.h"
 #include "kvzap/error.h"
 
@@ -185,33 +186,14 @@ KVZ_INLINE void gemm_nt_impl(int64_t M, int64_t N, int64_t K, const T* A, int64_
   }
 }
 
-// exp for the GELU below: Cody-Waite reduction + degree-6 polynomial (rel. error ~2e-7), branch-free
-// so the loop vectorises (std::exp and std::erf do not).
-KVZ_INLINE float exp_poly(float x) {
-  x = std::max(-87.0f, std::min(88.0f, x));
-  const float shifted = x * 1.44269504088896341f + 12582912.0f;  // round to nearest via 1.5 * 2^23
-  const float n = shifted - 12582912.0f;
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t e = ((int32_t)n + 127) << 23;
-  float scale;
-  __builtin_memcpy(&scale, &e, 4);
-  return p * scale;
-}
 
-// erf by Abramowitz & Stegun 7.1.26 (absolute error <= 1.5e-7, plus ~1e-7 from exp_poly): the exact-GELU
+// erf by Abramowitz & Stegun 7.1.26 (absolute error <= 1.5e-7, plus ~1e-7 from fast_exp): the exact-GELU
 // inference path stays within ~3e-7 of PyTorch's erf GELU.
 KVZ_INLINE float gelu_fast(float x) {
   const float z = std::fabs(x) * 0.70710678118654752f;
   const float t = 1.0f / (1.0f + 0.3275911f * z);
   const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
-  const float erf_abs = 1.0f - poly * exp_poly(-z * z);
+  const float erf_abs = 1.0f - poly * fast_exp(-z * z);
   const float erf = x < 0 ? -erf_abs : erf_abs;
   return 0.5f * x * (1.0f + erf);
 }
