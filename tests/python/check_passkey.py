@@ -48,7 +48,7 @@ def main():
         if must_find is None:
             print(f"INFO {label}: {'found' if found else 'lost'} the key; {detail}")
         else:
-            check(f"{label} finds the pass key", found == must_find, detail)
+            check(f"{label} {'finds' if must_find else 'loses'} the pass key", found == must_find, detail)
         expected = (1 - ef) * full
         check(f"{label} resident bytes track the evicted fraction", abs(kv - expected) <= 0.02 * full,
               f"resident {kv} vs (1-{ef:.4f}) x {full} = {expected:.0f}")
