@@ -123,7 +123,7 @@ def main() -> int:
     reps_of = {u: (depth_reps if u[3].startswith("tg128@") else a.reps) for u in units}
     total = sum(reps_of.values())
     done = 0
-    for ui, (name, path, t, test) in enumerate(units):
+    for name, path, t, test in units:
         samples: dict[str, list[float]] = {"llama": [], "kvzap": [], "llama_fa_on": [], "llama_fa_off": [],
                                            "kvzap_pruned": [], "kvzap_gbs": []}
         for rep in range(reps_of[(name, path, t, test)]):

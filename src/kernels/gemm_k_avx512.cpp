@@ -27,7 +27,6 @@
 #include "kernels/avx512_reduce.h"
 #include "kernels/kernel_table.h"
 #include "kernels/quant_blocks.h"
-#include "kernels/quant_ref.h"
 
 namespace kvzap::kernels {
 namespace {

@@ -231,13 +231,17 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
 
   // LM head: segments that want every row one by one (straight into their buffer), then the last rows
   // of all Last segments in one matmul.
+  // Output projection of the `rows` normed rows in xn_, then the final soft-cap if the model has one.
+  auto lm_head = [&](int64_t rows, float* out) {
+    matmul(w.output, xn_.data(), rows, out, pool_, mm_scratch_);
+    if (cfg_.final_logit_softcap > 0)
+      pool_.parallel_for(rows, [&](int64_t t, int) { softcap(out + t * V, V, cfg_.final_logit_softcap); });
+  };
   for (int s = 0; s < n_segs; s++) {
     if (segs[s].mode != LogitsMode::All) continue;
     const int64_t r0 = seg_row0_[s];
     for (int64_t t = 0; t < segs[s].n; t++) rmsnorm(&x_[(r0 + t) * E], w.output_norm, &xn_[t * E], E, cfg_.rms_eps);
-    matmul(w.output, xn_.data(), segs[s].n, segs[s].logits, pool_, mm_scratch_);
-    if (cfg_.final_logit_softcap > 0)
-      pool_.parallel_for(segs[s].n, [&](int64_t t, int) { softcap(segs[s].logits + t * V, V, cfg_.final_logit_softcap); });
+    lm_head(segs[s].n, segs[s].logits);
   }
   last_rows_.clear();
   for (int s = 0; s < n_segs; s++)
@@ -248,15 +252,12 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
   if (n_last == 1) {
     for (int s = 0; s < n_segs; s++)
       if (segs[s].mode == LogitsMode::Last) {
-        matmul(w.output, xn_.data(), 1, segs[s].logits, pool_, mm_scratch_);
-        if (cfg_.final_logit_softcap > 0) softcap(segs[s].logits, V, cfg_.final_logit_softcap);
+        lm_head(1, segs[s].logits);
       }
     return;
   }
   if (logits_rows_.size() < (size_t)(n_last * V)) logits_rows_.resize((size_t)(n_last * V));
-  matmul(w.output, xn_.data(), n_last, logits_rows_.data(), pool_, mm_scratch_);
-  if (cfg_.final_logit_softcap > 0)
-    pool_.parallel_for(n_last, [&](int64_t i, int) { softcap(&logits_rows_[(size_t)i * V], V, cfg_.final_logit_softcap); });
+  lm_head(n_last, logits_rows_.data());
   for (int s = 0, i = 0; s < n_segs; s++)
     if (segs[s].mode == LogitsMode::Last) {
       std::copy(&logits_rows_[(size_t)i * V], &logits_rows_[(size_t)(i + 1) * V], segs[s].logits);

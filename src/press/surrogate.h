@@ -17,9 +17,9 @@
 
 namespace kvzap {
 
-// Small row-major dense kernels shared by surrogate inference and training (src/train). Compiled for
-// AVX2+FMA and baseline x86-64 and picked at run time; the summation order is fixed, so results are
-// deterministic on a given machine.
+// Small row-major dense kernels shared by surrogate inference and training (src/train). Built for
+// AVX-512, AVX2 and baseline x86-64 and chosen per call by active_isa() (kernels/isa_dispatch.h); the
+// summation order is fixed, so results are deterministic for a given ISA.
 namespace dense {
 // C[M][N] = (accumulate ? C : 0) + A[M][K] · B[K][N]
 void gemm_nn(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,

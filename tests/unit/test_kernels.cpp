@@ -17,6 +17,7 @@
 #include "kernels/kernel_table.h"
 #include "kernels/quant_ref.h"
 #include "kvzap/error.h"
+#include "test_support.h"
 
 using namespace kvzap;
 namespace kk = kvzap::kernels;
@@ -30,17 +31,8 @@ const GgmlType kAllTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, Gg
 bool is_k(GgmlType t) { return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K; }
 bool is_float(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
 
-std::vector<Isa> available_isas() {
-  std::vector<Isa> v{Isa::Scalar};
-  if (detected_isa() >= Isa::Avx2) v.push_back(Isa::Avx2);
-  if (detected_isa() >= Isa::Avx512) v.push_back(Isa::Avx512);
-  return v;
-}
-
-struct IsaGuard {  // restores the active ISA after a test changes it
-  Isa saved = active_isa();
-  ~IsaGuard() { set_active_isa(saved); }
-};
+using kvzap::test::available_isas;
+using kvzap::test::IsaGuard;
 
 uint16_t u16_at(const uint8_t* p) {
   uint16_t v;

@@ -5,8 +5,24 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
+
+#include "kernels/matmul.h"
 
 namespace kvzap::test {
+
+// Every ISA this CPU can run, scalar first; tests loop over them with set_active_isa().
+inline std::vector<Isa> available_isas() {
+  std::vector<Isa> v{Isa::Scalar};
+  if (detected_isa() >= Isa::Avx2) v.push_back(Isa::Avx2);
+  if (detected_isa() >= Isa::Avx512) v.push_back(Isa::Avx512);
+  return v;
+}
+
+struct IsaGuard {  // restores the active ISA after a test changes it
+  Isa saved = active_isa();
+  ~IsaGuard() { set_active_isa(saved); }
+};
 
 // $KVZAP_MODEL, else $KVZAP_MODELS/<file>, else ${XDG_CACHE_HOME:-$HOME/.cache}/kvzap/models/<file>.
 inline std::string default_model_path() {

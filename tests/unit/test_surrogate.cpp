@@ -15,12 +15,11 @@
 #include "kvzap/error.h"
 #include "kernels/matmul.h"
 #include "press/surrogate.h"
+#include "test_support.h"
 
 namespace fs = std::filesystem;
 using kvzap::Surrogate;
 using kvzap::Isa;
-using kvzap::active_isa;
-using kvzap::detected_isa;
 using kvzap::isa_name;
 using kvzap::set_active_isa;
 using kvzap::SurrogateLayerWeights;
@@ -187,13 +186,8 @@ TEST(DenseKernels, VectorisedGeluStaysWithin3e7OfErf) {
 TEST(Surrogate, LinearAndMlpPredictMatchReference) {
   // Every ISA path (AVX-512 kernels, AVX2 / baseline clones) against the double reference, and the
   // paths against each other (hidden 72 and 112 are the real models' widths: masked AVX-512 tails).
-  struct IsaGuard {
-    Isa saved = active_isa();
-    ~IsaGuard() { set_active_isa(saved); }
-  } guard;
-  std::vector<Isa> isas{Isa::Scalar};
-  if (detected_isa() >= Isa::Avx2) isas.push_back(Isa::Avx2);
-  if (detected_isa() >= Isa::Avx512) isas.push_back(Isa::Avx512);
+  kvzap::test::IsaGuard guard;
+  const std::vector<Isa> isas = kvzap::test::available_isas();
   std::mt19937 rng(7);
   for (int Hd : {0, 72, 112, 5}) {
     const Surrogate s = make_surrogate(3, 576, Hd, 3, 11u + uint32_t(Hd));
