@@ -42,12 +42,6 @@ uint64_t hash_string(const std::string& s) {
 
 bool is_strip_space(unsigned char c) { return c == ' ' || (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x1F); }
 
-std::vector<int32_t> concat(std::initializer_list<const std::vector<int32_t>*> parts) {
-  std::vector<int32_t> out;
-  for (const auto* p : parts) out.insert(out.end(), p->begin(), p->end());
-  return out;
-}
-
 }  // namespace
 
 std::string strip_text(const std::string& s) {
@@ -67,21 +61,50 @@ RepeatPrompt build_repeat_prompt(const Tokenizer& tok, const std::string& raw_te
   const size_t a = rendered.find(t);
   const size_t b = a == std::string::npos ? a : rendered.find(t, a + t.size() + std::string(kRepeatInstruction).size());
   if (b == std::string::npos) throw Error("repeat prompt: the chat template did not keep the text verbatim");
-  const std::vector<int32_t> p0 = prompt.encode(rendered.substr(0, a));
-  const std::vector<int32_t> tt = tok.encode(t, false, true);
-  const std::vector<int32_t> p1 = tok.encode(rendered.substr(a + t.size(), b - a - t.size()), false, true);
-  const std::vector<int32_t> p2 = tok.encode(rendered.substr(b + t.size()), false, true);
   RepeatPrompt r;
-  r.ids = concat({&p0, &tt, &p1, &tt, &p2});
-  r.start_prompt = (int64_t)p0.size();
-  r.end_prompt = r.start_prompt + (int64_t)tt.size();
-  r.start_rep = r.end_prompt + (int64_t)p1.size();
-  r.end_rep = r.start_rep + (int64_t)tt.size();
-  // The pieces must be exactly how the whole conversation tokenises (no merge across a boundary).
-  if (prompt.encode(rendered) != r.ids)
-    throw Error("repeat prompt: the text does not tokenise the same inside the chat template");
-  if (!std::equal(r.ids.begin() + r.start_prompt, r.ids.begin() + r.end_prompt, r.ids.begin() + r.start_rep))
-    throw Error("repeat prompt: the two copies of the text differ in tokens");
+  r.ids = prompt.encode(rendered);
+  // When the pieces tokenise on their own exactly as the whole conversation does, their lengths give the
+  // spans (this also works for vocabularies that cannot spell every byte).
+  {
+    const std::vector<int32_t> p0 = prompt.encode(rendered.substr(0, a));
+    const std::vector<int32_t> tt = tok.encode(t, false, true);
+    const std::vector<int32_t> p1 = tok.encode(rendered.substr(a + t.size(), b - a - t.size()), false, true);
+    const std::vector<int32_t> p2 = tok.encode(rendered.substr(b + t.size()), false, true);
+    std::vector<int32_t> joined = p0;
+    for (const auto* piece : {&tt, &p1, &tt, &p2}) joined.insert(joined.end(), piece->begin(), piece->end());
+    if (joined == r.ids) {
+      r.start_prompt = (int64_t)p0.size();
+      r.end_prompt = r.start_prompt + (int64_t)tt.size();
+      r.start_rep = r.end_prompt + (int64_t)p1.size();
+      r.end_rep = r.start_rep + (int64_t)tt.size();
+      return r;
+    }
+  }
+  // Otherwise a token was merged across a boundary: find the spans from character offsets. The tokens'
+  // bytes spell the rendered string, after any tokens the encoder adds in front (an automatic BOS).
+  std::vector<size_t> start(r.ids.size() + 1);
+  std::string spelled;
+  for (size_t i = 0; i < r.ids.size(); i++) {
+    start[i] = spelled.size();
+    spelled += tok.token_bytes(r.ids[i]);
+  }
+  start[r.ids.size()] = spelled.size();
+  if (spelled.size() < rendered.size() || spelled.compare(spelled.size() - rendered.size(), rendered.size(), rendered) != 0)
+    throw Error("repeat prompt: the text does not tokenise the same inside the chat template, and the tokens do "
+                "not spell the conversation");
+  const size_t shift = spelled.size() - rendered.size();
+  // As in the paper's data pipeline, a boundary at character c is the first token starting at or after c;
+  // a token straddling a boundary (Qwen's pre-tokenizer joins a final "." with the "\n\n" after it)
+  // belongs to the span it starts in, so the two copies may differ in their last token.
+  auto first_at = [&](size_t c) {
+    return (int64_t)(std::lower_bound(start.begin(), start.end() - 1, c + shift) - start.begin());
+  };
+  r.start_prompt = first_at(a);
+  r.end_prompt = first_at(a + t.size());
+  r.start_rep = first_at(b);
+  r.end_rep = first_at(b + t.size());
+  if (r.n_text() <= 0 || r.end_rep <= r.start_rep || r.start_rep < r.end_prompt)
+    throw Error("repeat prompt: the text has no tokens of its own inside the chat template");
   return r;
 }
 
@@ -157,7 +180,7 @@ TargetComputer::TargetComputer(const Model& model) : model_(model), norms_(model
 WindowTargets TargetComputer::compute(Session& session, const RepeatPrompt& p, const std::vector<int64_t>& sample) {
   const ModelConfig& c = model_.config();
   const int64_t T = p.end_rep;
-  if (p.n_text() <= 0 || p.end_rep - p.start_rep != p.n_text() || T > (int64_t)p.ids.size())
+  if (p.n_text() <= 0 || p.end_rep <= p.start_rep || p.start_rep < p.end_prompt || T > (int64_t)p.ids.size())
     throw Error("internal: malformed repeat prompt");
   if (T > session.n_ctx() || T > session.forward().max_batch())
     throw Error("KVzip+ targets need the whole prompt (" + std::to_string(T) + " tokens) in one step; the session holds " +

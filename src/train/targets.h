@@ -34,10 +34,10 @@ struct RepeatPrompt {
   int64_t n_text() const { return end_prompt - start_prompt; }
 };
 
-// Renders the model's chat template (default system turn included, no generation prompt), tokenises it
-// piece by piece so the copies' boundaries are exact, and checks that this equals the tokenisation of
-// the whole rendered string and that both copies have the same tokens (kvzap::Error otherwise, e.g.
-// for an empty text).
+// Renders the model's chat template (default system turn included, no generation prompt), tokenises the
+// whole rendered string and finds each copy's span from character offsets: the first token starting at
+// or after each boundary. The copies usually have the same tokens; a token merged across a boundary can
+// make their last tokens differ (kvzap::Error for an empty text or a span without tokens).
 RepeatPrompt build_repeat_prompt(const Tokenizer& tok, const std::string& text);
 
 // k distinct offsets in [0, n), drawn uniformly without replacement from `seed`, sorted ascending.

@@ -25,14 +25,18 @@ struct IsaGuard {  // restores the active ISA after a test changes it
 };
 
 // $KVZAP_MODEL, else $KVZAP_MODELS/<file>, else ${XDG_CACHE_HOME:-$HOME/.cache}/kvzap/models/<file>.
-inline std::string default_model_path() {
-  if (const char* m = std::getenv("KVZAP_MODEL"); m && *m) return m;
-  const std::string file = "SmolLM2-135M-Instruct.Q4_1.gguf";
+// Where `kvzap pull` puts a model file: $KVZAP_MODELS, else $XDG_CACHE_HOME or ~/.cache, + /kvzap/models.
+inline std::string pulled_model_path(const std::string& file) {
   if (const char* d = std::getenv("KVZAP_MODELS"); d && *d) return std::string(d) + "/" + file;
   std::string cache;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) cache = x;
   else cache = std::string(std::getenv("HOME") ? std::getenv("HOME") : "/root") + "/.cache";
   return cache + "/kvzap/models/" + file;
+}
+
+inline std::string default_model_path() {
+  if (const char* m = std::getenv("KVZAP_MODEL"); m && *m) return m;
+  return pulled_model_path("SmolLM2-135M-Instruct.Q4_1.gguf");
 }
 
 // $KVZAP_BIN (ctest sets it), else the kvzap next to the test binary.

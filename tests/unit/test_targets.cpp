@@ -25,6 +25,8 @@
 #include "press/kvzip_math.h"
 #include "train/dataset.h"
 #include "train/targets.h"
+#include "format/gguf.h"
+#include "tokenizer/tokenizer.h"
 #include "test_support.h"
 
 namespace fs = std::filesystem;
@@ -251,6 +253,25 @@ TEST_F(TargetsModel, RepeatPromptSpansAreTheTwoCopies) {
   EXPECT_EQ(tok.decode(std::vector<int32_t>(p.ids.begin() + p.end_prompt, p.ids.begin() + p.start_rep)),
             "\n\nRepeat the previous context exactly.<|im_end|>\n<|im_start|>assistant\n");
   EXPECT_THROW(build_repeat_prompt(tok, " \n "), Error);
+}
+
+// Qwen2.5's pre-tokenizer joins a final "." with the "\n\n" that follows it in the template, so the text does
+// not tokenise on its own as inside the conversation; the spans then come from character offsets.
+TEST(RepeatPrompt, SpansFollowCharacterOffsetsWhenATokenCrossesABoundary) {
+  const std::string path = kvzap::test::pulled_model_path("Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf");
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "SKIPPED: " << path << " not found (kvzap pull qwen2.5-coder-0.5b)";
+  const auto tok = Tokenizer::from_gguf(*gguf::File::open(path));
+  const std::string text = "It was a truth universally acknowledged.";
+  const RepeatPrompt p = build_repeat_prompt(*tok, text);
+  const auto piece = [&](int64_t a, int64_t b) {
+    return tok->decode(std::vector<int32_t>(p.ids.begin() + a, p.ids.begin() + b));
+  };
+  // The user's copy ends in the merged ".\n\n"; the assistant's copy ends in "." (then <|im_end|>).
+  EXPECT_EQ(piece(p.start_prompt, p.end_prompt), text + "\n\n");
+  EXPECT_EQ(piece(p.start_rep, p.end_rep), text);
+  EXPECT_EQ(p.n_text(), p.end_rep - p.start_rep);
+  EXPECT_EQ(piece(p.end_prompt, p.start_rep), "Repeat the previous context exactly.<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(tok->decode(p.ids), tok->decode(tok->encode(tok->decode(p.ids), false, true)));
 }
 
 // Captures every layer's h, q, k, v of a single-step forward.

@@ -15,6 +15,7 @@
 #include "kvzap/error.h"
 #include "tokenizer/spm.h"
 #include "tokenizer/tokenizer.h"
+#include "test_support.h"
 
 namespace {
 
@@ -134,12 +135,7 @@ TEST(TokenizerSpm, RejectsBadVocabularies) {
 // against llama.cpp's ids stored by tests/python/check_gemma3.py --make-golden. Skipped without the file.
 std::string gemma3_path() {
   if (const char* m = std::getenv("KVZAP_GEMMA3_MODEL"); m && *m) return m;
-  const std::string file = "gemma-3-270m-Q4_K_M.gguf";
-  if (const char* d = std::getenv("KVZAP_MODELS"); d && *d) return std::string(d) + "/" + file;
-  std::string cache;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) cache = x;
-  else cache = std::string(std::getenv("HOME") ? std::getenv("HOME") : "/root") + "/.cache";
-  return cache + "/kvzap/models/" + file;
+  return kvzap::test::pulled_model_path("gemma-3-270m-Q4_K_M.gguf");
 }
 
 TEST(TokenizerSpm, MatchesLlamaCppGemma3) {
