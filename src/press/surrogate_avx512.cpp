@@ -6,6 +6,12 @@
 
 #include <cstdint>
 
+#include "kernels/avx512_reduce.h"
+
+// GCC 12 reports _mm512_shuffle_f32x4's internal _mm512_undefined_ps() as uninitialised once the fold is
+// inlined into dots_tile; every lane of the result is defined.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
 namespace kvzap::dense::avx512 {
 
 namespace {
@@ -58,52 +64,66 @@ inline void row_block(int64_t N, int64_t K, const float* A, int64_t lda, const f
   }
 }
 
-template <int NB>
-inline void dots(const float* a, const float* const* b, int64_t n, float* out) {
-  __m512 s0[NB], s1[NB];
-#pragma GCC unroll 8
-  for (int j = 0; j < NB; ++j) s0[j] = s1[j] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 32 <= n; k += 32) {
-    const __m512 a0 = _mm512_loadu_ps(a + k), a1 = _mm512_loadu_ps(a + k + 16);
-#pragma GCC unroll 8
-    for (int j = 0; j < NB; ++j) {
-      s0[j] = _mm512_fmadd_ps(a0, _mm512_loadu_ps(b[j] + k), s0[j]);
-      s1[j] = _mm512_fmadd_ps(a1, _mm512_loadu_ps(b[j] + k + 16), s1[j]);
+// TT rows of A (tokens) against NB rows of Bt (outputs, NB <= 4): one 16-lane accumulator per (token,
+// output), k in order, then the shared fold. A token's sum never depends on which other tokens share
+// its tile, so predict() over any chunking gives identical bits. TT = 4, NB = 4 keeps 16 accumulators,
+// NB vectors of Bt and one of A in registers; every vector of Bt loaded once serves four tokens.
+template <int TT, int NB>
+inline void dots_tile(const float* A, int64_t lda, const float* const* b, int64_t n, float* C, int64_t ldc) {
+  __m512 acc[TT][NB];
+#pragma GCC unroll 4
+  for (int t = 0; t < TT; ++t)
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) acc[t][j] = _mm512_setzero_ps();
+  auto step = [&](int64_t k, __mmask16 m) {
+    __m512 bv[NB];
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) bv[j] = _mm512_maskz_loadu_ps(m, b[j] + k);
+#pragma GCC unroll 4
+    for (int t = 0; t < TT; ++t) {
+      const __m512 av = _mm512_maskz_loadu_ps(m, A + t * lda + k);
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) acc[t][j] = _mm512_fmadd_ps(av, bv[j], acc[t][j]);
     }
-  }
-  const __mmask16 m0 = (__mmask16)(n - k >= 16 ? 0xFFFF : (1u << (n - k)) - 1);
-  const __mmask16 m1 = (__mmask16)(n - k - 16 <= 0 ? 0 : (1u << (n - k - 16)) - 1);
-  const __m512 a0 = _mm512_maskz_loadu_ps(m0, a + k), a1 = _mm512_maskz_loadu_ps(m1, a + k + 16);
-#pragma GCC unroll 8
-  for (int j = 0; j < NB; ++j) {
-    s0[j] = _mm512_fmadd_ps(a0, _mm512_maskz_loadu_ps(m0, b[j] + k), s0[j]);
-    s1[j] = _mm512_fmadd_ps(a1, _mm512_maskz_loadu_ps(m1, b[j] + k + 16), s1[j]);
-    out[j] = _mm512_reduce_add_ps(_mm512_add_ps(s0[j], s1[j]));
+  };
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16) step(k, (__mmask16)0xFFFF);
+  if (k < n) step(k, (__mmask16)((1u << (n - k)) - 1));
+  __m512 v[16];
+  for (int i = 0; i < 16; ++i) v[i] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+  for (int t = 0; t < TT; ++t)
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) v[4 * t + j] = acc[t][j];
+  alignas(64) float sums[16];  // lane 4 * j + t: token t, output j
+  _mm512_store_ps(sums, kernels::reduce16(v));
+  for (int t = 0; t < TT; ++t)
+    for (int j = 0; j < NB; ++j) C[t * ldc + j] += sums[4 * j + t];
+}
+
+template <int TT>
+inline void dots_rows(const float* A, int64_t lda, const float* const* b, int nb, int64_t n, float* C, int64_t ldc) {
+  switch (nb) {
+    case 4: dots_tile<TT, 4>(A, lda, b, n, C, ldc); break;
+    case 3: dots_tile<TT, 3>(A, lda, b, n, C, ldc); break;
+    case 2: dots_tile<TT, 2>(A, lda, b, n, C, ldc); break;
+    default: dots_tile<TT, 1>(A, lda, b, n, C, ldc); break;
   }
 }
 
 }  // namespace
 
 // C[M][N] += A[M][K] · Bt[N][K]^T for few outputs N (the linear scorer, the MLP's output layer): every
-// vector of a row of A is loaded once for up to 4 outputs.
+// vector of a row of A is loaded once for up to 4 outputs, every vector of Bt once for 4 tokens.
 void gemm_nt_acc(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* Bt, int64_t ldb, float* C,
                  int64_t ldc) {
-  for (int64_t i = 0; i < M; ++i) {
-    const float* a = A + i * lda;
-    for (int64_t j = 0; j < N; j += 4) {
-      const int nb = (int)(N - j < 4 ? N - j : 4);
-      const float* b[4];
-      float d[4];
-      for (int q = 0; q < 4; ++q) b[q] = Bt + (j + (q < nb ? q : nb - 1)) * ldb;
-      switch (nb) {
-        case 4: dots<4>(a, b, K, d); break;
-        case 3: dots<3>(a, b, K, d); break;
-        case 2: dots<2>(a, b, K, d); break;
-        default: dots<1>(a, b, K, d); break;
-      }
-      for (int q = 0; q < nb; ++q) C[i * ldc + j + q] += d[q];
-    }
+  for (int64_t j = 0; j < N; j += 4) {
+    const int nb = (int)(N - j < 4 ? N - j : 4);
+    const float* b[4];
+    for (int q = 0; q < 4; ++q) b[q] = Bt + (j + (q < nb ? q : nb - 1)) * ldb;
+    int64_t i = 0;
+    for (; i + 4 <= M; i += 4) dots_rows<4>(A + i * lda, lda, b, nb, K, C + i * ldc + j, ldc);
+    for (; i < M; ++i) dots_rows<1>(A + i * lda, lda, b, nb, K, C + i * ldc + j, ldc);
   }
 }
 

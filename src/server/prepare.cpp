@@ -31,8 +31,8 @@ bool resolve_press(const std::optional<KvCompressionSpec>& spec, const ServerDef
     return d.has_press;
   }
   if (spec->press && *spec->press == "none") {
-    if (spec->threshold || spec->ratio || spec->window || spec->decoding)
-      throw invalid_request("kv_compression: press \"none\" takes no threshold, ratio, window or decoding");
+    if (spec->threshold || spec->ratio || spec->window || spec->decoding || spec->sliding_layers)
+      throw invalid_request("kv_compression: press \"none\" takes no threshold, ratio, window, decoding or sliding_layers");
     return false;
   }
   if (spec->press && (!d.has_press || *spec->press != d.press.name)) {
@@ -53,15 +53,16 @@ bool resolve_press(const std::optional<KvCompressionSpec>& spec, const ServerDef
   }
   if (spec->window) out.window = *spec->window;
   if (spec->decoding) out.decoding = *spec->decoding;
+  if (spec->sliding_layers) out.sliding_layers = *spec->sliding_layers;
   return true;
 }
 
 std::string press_settings_key(bool has_press, const PressOptions& o) {
   if (!has_press) return "none";
   char buf[512];
-  std::snprintf(buf, sizeof buf, "%s|t=%d:%.17g|r=%d:%.17g|scope=%s|w=%d|dec=%d|sur=%s|seed=%llu", o.name.c_str(),
-                (int)o.has_threshold, o.threshold, (int)o.has_ratio, o.ratio, o.ratio_scope.c_str(), o.window,
-                (int)o.decoding, o.surrogate_dir.c_str(), (unsigned long long)o.seed);
+  std::snprintf(buf, sizeof buf, "%s|t=%d:%.17g|r=%d:%.17g|scope=%s|w=%d|dec=%d|slide=%d|sur=%s|seed=%llu",
+                o.name.c_str(), (int)o.has_threshold, o.threshold, (int)o.has_ratio, o.ratio, o.ratio_scope.c_str(),
+                o.window, (int)o.decoding, (int)o.sliding_layers, o.surrogate_dir.c_str(), (unsigned long long)o.seed);
   return buf;
 }
 

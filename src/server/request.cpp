@@ -172,8 +172,10 @@ KvCompressionSpec parse_kv_compression(const json& v) {
       s.window = (int)get_integer(val, f, 0, 1 << 20);
     } else if (key == "decoding") {
       s.decoding = get_bool(val, f);
+    } else if (key == "sliding_layers") {
+      s.sliding_layers = get_bool(val, f);
     } else {
-      throw invalid_request("unknown field '" + f + "' (expected press, threshold, ratio, window, decoding)");
+      throw invalid_request("unknown field '" + f + "' (expected press, threshold, ratio, window, decoding, sliding_layers)");
     }
   }
   if (s.threshold && s.ratio) throw invalid_request("'kv_compression' takes either 'threshold' or 'ratio', not both");

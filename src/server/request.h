@@ -31,6 +31,7 @@ struct KvCompressionSpec {
   std::optional<double> ratio;
   std::optional<int> window;
   std::optional<bool> decoding;
+  std::optional<bool> sliding_layers;  // also prune sliding-window layers (Gemma 3's local layers)
 };
 
 enum class Endpoint { Chat, Completion };

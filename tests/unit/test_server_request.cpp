@@ -5,6 +5,7 @@
 #include "server/api_error.h"
 #include "server/auth.h"
 #include "server/metrics.h"
+#include "server/prepare.h"
 #include "server/request.h"
 
 namespace {
@@ -77,6 +78,27 @@ TEST(ServerRequest, KvCompression) {
   EXPECT_EQ(*r.kv_compression->window, 64);
   EXPECT_TRUE(*r.kv_compression->decoding);
   EXPECT_FALSE(r.kv_compression->ratio);
+}
+
+// sliding_layers (prune Gemma 3's local layers too) reaches the press and the prefix-cache key.
+TEST(ServerRequest, KvCompressionSlidingLayers) {
+  CompletionRequest r = parse_chat_request(chat({{"kv_compression", {{"press", "knorm"}, {"ratio", 0.5}, {"sliding_layers", true}}}}), limits());
+  ASSERT_TRUE(r.kv_compression && r.kv_compression->sliding_layers);
+  EXPECT_TRUE(*r.kv_compression->sliding_layers);
+  ServerDefaults d;
+  kvzap::PressOptions with, without;
+  ASSERT_TRUE(resolve_press(r.kv_compression, d, with));
+  EXPECT_TRUE(with.sliding_layers);
+  r.kv_compression->sliding_layers = false;
+  ASSERT_TRUE(resolve_press(r.kv_compression, d, without));
+  EXPECT_FALSE(without.sliding_layers);
+  EXPECT_NE(press_settings_key(true, with), press_settings_key(true, without));
+  expect_chat_error({{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"kv_compression", {{"sliding_layers", 1}}}}, 400,
+                    "sliding_layers");
+  KvCompressionSpec none;
+  none.press = "none";
+  none.sliding_layers = true;
+  EXPECT_THROW(resolve_press(none, d, with), ApiError);
 }
 
 TEST(ServerRequest, CompletionPrompts) {
