@@ -73,9 +73,16 @@ void BM_Matmul_Q4_0_576x1536(benchmark::State& s) { run_matmul(s, GgmlType::Q4_0
 void BM_Matmul_Q4_K_4864x896(benchmark::State& s) { run_matmul(s, GgmlType::Q4_K, 4864, 896); }
 void BM_Matmul_Q6_K_4864x896(benchmark::State& s) { run_matmul(s, GgmlType::Q6_K, 4864, 896); }
 void BM_Matmul_Q5_0_896x4864(benchmark::State& s) { run_matmul(s, GgmlType::Q5_0, 896, 4864); }
+// The same ffn_down as a Hugging Face checkpoint keeps it (safetensors F16 / BF16, used zero-copy).
+void BM_Matmul_F16_4864x896(benchmark::State& s) { run_matmul(s, GgmlType::F16, 4864, 896); }
+void BM_Matmul_BF16_4864x896(benchmark::State& s) { run_matmul(s, GgmlType::BF16, 4864, 896); }
+void BM_Matmul_F32_4864x896(benchmark::State& s) { run_matmul(s, GgmlType::F32, 4864, 896); }
 BENCHMARK(BM_Matmul_Q4_K_4864x896)->Apply(shapes);
 BENCHMARK(BM_Matmul_Q6_K_4864x896)->Apply(shapes);
 BENCHMARK(BM_Matmul_Q5_0_896x4864)->Apply(shapes);
+BENCHMARK(BM_Matmul_F16_4864x896)->Apply(shapes);
+BENCHMARK(BM_Matmul_BF16_4864x896)->Apply(shapes);
+BENCHMARK(BM_Matmul_F32_4864x896)->Apply(shapes);
 BENCHMARK(BM_Matmul_Q4_1_576x1536)->Apply(shapes);
 BENCHMARK(BM_Matmul_Q4_1_1536x576)->Apply(shapes);
 BENCHMARK(BM_Matmul_Q4_1_576x576)->Apply(shapes);
@@ -106,6 +113,29 @@ void BM_Gemv_Q4_1_576x1536_Streaming(benchmark::State& state) {
   state.SetLabel(kvzap::isa_name(kvzap::active_isa()));
 }
 BENCHMARK(BM_Gemv_Q4_1_576x1536_Streaming)->Arg(1)->Arg(2)->ArgName("thr")->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+// The same for an F16 / BF16 ffn_down (8.7 MB a copy): 8 copies (~70 MB) so each call reads DRAM.
+void run_gemv_streaming(benchmark::State& state, GgmlType type, int64_t n_in, int64_t n_out) {
+  const int threads = (int)state.range(0);
+  constexpr int kCopies = 8;
+  Fixture f = make_fixture(type, n_in, n_out, 1);
+  std::vector<std::vector<uint8_t>> copies(kCopies, f.weights);
+  kvzap::ThreadPool pool(threads);
+  size_t i = 0;
+  for (auto _ : state) {
+    kvzap::WeightMatrix w = f.w;
+    w.data = copies[i++ % kCopies].data();
+    kvzap::matmul(w, f.x.data(), 1, f.y.data(), pool, f.scratch);
+    benchmark::DoNotOptimize(f.y.data());
+  }
+  state.counters["WGB/s"] = benchmark::Counter((double)f.weights.size() * 1e-9,
+                                               benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(kvzap::isa_name(kvzap::active_isa()));
+}
+void BM_Gemv_F16_4864x896_Streaming(benchmark::State& s) { run_gemv_streaming(s, GgmlType::F16, 4864, 896); }
+void BM_Gemv_BF16_4864x896_Streaming(benchmark::State& s) { run_gemv_streaming(s, GgmlType::BF16, 4864, 896); }
+BENCHMARK(BM_Gemv_F16_4864x896_Streaming)->Arg(1)->Arg(2)->ArgName("thr")->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Gemv_BF16_4864x896_Streaming)->Arg(1)->Arg(2)->ArgName("thr")->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 // Cost of one parallel_for with trivial work: the per-op overhead decode pays ~300 times per token.
 void BM_ThreadPoolJob(benchmark::State& state) {

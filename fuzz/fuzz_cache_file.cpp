@@ -2,7 +2,8 @@
 // A fuzzer cannot forge SHA-256, so by default the harness repairs the fields a writer computes
 // (model fingerprint, payload size, payload checksum, header checksum) before loading; that lets it
 // reach every check after them. Input byte 0: bit 0 set = repair nothing (the checksum checks
-// themselves), bit 1 = a pool with a 2-page budget (KvBudgetExceeded), rest = the file.
+// themselves), bit 1 = a pool with a 2-page budget (KvBudgetExceeded), bit 2 = an f32 cache (files of
+// the other KV type are refused), rest = the file.
 // A loaded cache must hold only valid entries, and save + load must give the same cache back.
 #include <cstdint>
 #include <cstdlib>
@@ -37,12 +38,16 @@ void repair(std::string& f) {
   if (f.size() < kHeader) return;
   static const std::string fp = raw(model_fingerprint(model()));
   std::memcpy(&f[16], fp.data(), 32);
+  // Version 2 has a 4-byte KV type after the logits flag; version 1 (and anything else) does not.
+  uint32_t version = 0;
+  std::memcpy(&version, &f[8], 4);
+  const size_t at = version >= 2 ? 92 : 88;
   const uint64_t payload = f.size() - kHeader;
-  std::memcpy(&f[88], &payload, 8);
+  std::memcpy(&f[at], &payload, 8);
   const std::string ps = raw(sha256_hex(f.data() + kHeader, payload));
-  std::memcpy(&f[96], ps.data(), 32);
-  const std::string hs = raw(sha256_hex(f.data(), 128));
-  std::memcpy(&f[128], hs.data(), 8);
+  std::memcpy(&f[at + 8], ps.data(), 32);
+  const std::string hs = raw(sha256_hex(f.data(), at + 40));
+  std::memcpy(&f[at + 40], hs.data(), 8);
 }
 
 // KVZAP_FUZZ_WRITE_SEED=path: writes a valid input (a small pruned cache) and exits.
@@ -89,8 +94,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!(sel & 1)) repair(file);
   const std::string path = fuzz::write_file("input.kvzcache", file);
   const ModelConfig& c = model().config();
-  PagePool pool(KvCache::page_bytes_for(c.head_dim), (sel & 2 ? 2 : 1 << 16) * KvCache::page_bytes_for(c.head_dim));
-  KvCache cache(c.n_layer, c.n_head_kv, c.head_dim, &pool);
+  const KvType type = sel & 4 ? KvType::F32 : KvType::F16;
+  const int64_t page = KvCache::page_bytes_for(c.head_dim, type);
+  PagePool pool(page, (sel & 2 ? 2 : 1 << 16) * page);
+  KvCache cache(c.n_layer, c.n_head_kv, c.head_dim, &pool, type);
   CacheFileMeta meta;
   try {
     meta = load_cache_file(path, model(), cache);
@@ -110,7 +117,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Round trip.
   const std::string again = (fuzz::scratch_dir() / "again.kvzcache").string();
   save_cache_file(again, model(), cache, meta);
-  KvCache cache2(c.n_layer, c.n_head_kv, c.head_dim);
+  KvCache cache2(c.n_layer, c.n_head_kv, c.head_dim, nullptr, type);
   const CacheFileMeta meta2 = load_cache_file(again, model(), cache2);
   if (meta2.tokens != meta.tokens || meta2.press != meta.press || meta2.logits.size() != meta.logits.size())
     __builtin_trap();
@@ -119,7 +126,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (cache2.length(l, h) != cache.length(l, h)) __builtin_trap();
       for (int64_t i = 0; i < cache.length(l, h); i++)
         if (cache2.position_at(l, h, i) != cache.position_at(l, h, i) ||
-            std::memcmp(cache2.key_at(l, h, i), cache.key_at(l, h, i), 2 * (size_t)c.head_dim) != 0)
+            std::memcmp(cache2.page_keys_raw(l, h, (int)(i / KvCache::kPageTokens)),
+                        cache.page_keys_raw(l, h, (int)(i / KvCache::kPageTokens)),
+                        cache.row_bytes() * (size_t)(i % KvCache::kPageTokens + 1)) != 0)
           __builtin_trap();
     }
   return 0;

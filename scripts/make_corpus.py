@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Builds the offline text corpus for KVzap surrogate training (benchmarks.md §4.7) from Debian packages.
+"""Builds the offline text corpus for KVzap surrogate training from Debian packages
+(docs/ALGORITHMS.md §5.2, docs/TRAINING.md §2).
 
 Input: a folder where the Debian packages were unpacked (`dpkg-deb -x`, see make_corpus.sh) and the
 Python standard library sources of the local interpreter (/usr/lib/python3.X).

@@ -14,7 +14,7 @@ namespace kvzap {
 namespace {
 
 constexpr char kMagic[8] = {'K', 'V', 'Z', 'C', 'A', 'C', 'H', 'E'};
-constexpr size_t kHeaderBytes = 144;  // 136 used, zero padded
+constexpr size_t kHeaderBytes = 144;  // 140 used (version 1: 136), zero padded
 
 // Appends little-endian scalars and raw bytes.
 struct Writer {
@@ -67,11 +67,11 @@ std::string model_fingerprint(const Model& model) {
   Sha256 h;
   std::ostringstream shape;
   shape << c.arch << '|' << c.n_layer << '|' << c.n_embd << '|' << c.n_head << '|' << c.n_head_kv << '|' << c.head_dim
-        << '|' << c.n_ff << '|' << c.n_vocab << '|' << model.file().file_size();
+        << '|' << c.n_ff << '|' << c.n_vocab << '|' << model.weights_file_bytes();
   const std::string s = shape.str();
   h.update(s.data(), s.size());
-  std::ifstream in(model.file().path(), std::ios::binary);
-  const size_t size = model.file().file_size(), mib = 1 << 20;
+  std::ifstream in(model.weights_path(), std::ios::binary);
+  const size_t size = (size_t)std::filesystem::file_size(model.weights_path()), mib = 1 << 20;
   std::string buf(std::min(size, mib), '\0');
   if (in.read(buf.data(), (std::streamsize)buf.size())) h.update(buf.data(), buf.size());
   if (size > mib && in.seekg((std::streamoff)(size - buf.size())) && in.read(buf.data(), (std::streamsize)buf.size()))
@@ -80,7 +80,8 @@ std::string model_fingerprint(const Model& model) {
 }
 
 void save_cache_file(const std::string& path, const Model& model, const KvCache& cache, const CacheFileMeta& meta) {
-  const int L = cache.n_layer(), H = cache.n_head_kv(), D = cache.head_dim();
+  const int L = cache.n_layer(), H = cache.n_head_kv();
+  const size_t row = cache.row_bytes();
   Writer p;
   p.bytes(meta.press.data(), meta.press.size());
   p.bytes(meta.tokens.data(), meta.tokens.size() * sizeof(int32_t));
@@ -94,8 +95,8 @@ void save_cache_file(const std::string& path, const Model& model, const KvCache&
         for (int pg = 0; pg < cache.n_pages(l, h); pg++) {
           const int64_t n = std::min<int64_t>(KvCache::kPageTokens, len - (int64_t)pg * KvCache::kPageTokens);
           if (part == 0) p.bytes(cache.page_positions(l, h, pg), (size_t)n * sizeof(int32_t));
-          if (part == 1) p.bytes(cache.page_keys(l, h, pg), (size_t)n * D * sizeof(uint16_t));
-          if (part == 2) p.bytes(cache.page_values(l, h, pg), (size_t)n * D * sizeof(uint16_t));
+          if (part == 1) p.bytes(cache.page_keys_raw(l, h, pg), (size_t)n * row);
+          if (part == 2) p.bytes(cache.page_values_raw(l, h, pg), (size_t)n * row);
         }
     }
   Writer hd;
@@ -105,12 +106,13 @@ void save_cache_file(const std::string& path, const Model& model, const KvCache&
   hd.bytes(fingerprint_raw(model).data(), 32);
   hd.put<uint32_t>((uint32_t)L);
   hd.put<uint32_t>((uint32_t)H);
-  hd.put<uint32_t>((uint32_t)D);
+  hd.put<uint32_t>((uint32_t)cache.head_dim());
   hd.put<uint32_t>((uint32_t)model.config().n_vocab);
   hd.put<int64_t>(cache.n_past());
   hd.put<uint64_t>(meta.tokens.size());
   hd.put<uint32_t>((uint32_t)meta.press.size());
   hd.put<uint32_t>(meta.logits.empty() ? 0u : 1u);
+  hd.put<uint32_t>((uint32_t)cache.kv_type());
   hd.put<uint64_t>(p.out.size());
   hd.bytes(raw_sha256(p.out.data(), p.out.size()).data(), 32);
   hd.bytes(raw_sha256(hd.out.data(), hd.out.size()).data(), 8);
@@ -129,8 +131,8 @@ CacheFileMeta load_cache_file(const std::string& path, const Model& model, KvCac
   if (std::memcmp(data.data(), kMagic, sizeof kMagic) != 0) throw Error(path + ": not a kvzap cache file (bad magic)");
   Reader r{data, sizeof kMagic, path};
   const uint32_t version = r.get<uint32_t>("version");
-  if (version != kCacheFileVersion)
-    throw Error(path + ": unsupported cache file version " + std::to_string(version) + " (this kvzap reads version " +
+  if (version != 1 && version != kCacheFileVersion)
+    throw Error(path + ": unsupported cache file version " + std::to_string(version) + " (this kvzap reads versions 1 to " +
                 std::to_string(kCacheFileVersion) + ")");
   if (r.get<uint32_t>("header size") != kHeaderBytes) throw Error(path + ": corrupt cache file (bad header size)");
   const std::string fp(r.take(32, "fingerprint"), 32);
@@ -139,6 +141,7 @@ CacheFileMeta load_cache_file(const std::string& path, const Model& model, KvCac
   const int64_t n_past = r.get<int64_t>("n_past");
   const uint64_t n_tokens = r.get<uint64_t>("n_tokens");
   const uint32_t press_bytes = r.get<uint32_t>("press"), has_logits = r.get<uint32_t>("logits flag");
+  const uint32_t kv_type = version >= 2 ? r.get<uint32_t>("kv type") : (uint32_t)KvType::F16;  // version 1: f16
   const uint64_t payload_bytes = r.get<uint64_t>("payload size");
   const std::string payload_sha(r.take(32, "payload checksum"), 32);
   const size_t header_used = r.pos;
@@ -147,6 +150,11 @@ CacheFileMeta load_cache_file(const std::string& path, const Model& model, KvCac
   if (fp != fingerprint_raw(model)) throw Error(path + ": the cache file was saved for another model");
   if ((int)L != cache.n_layer() || (int)H != cache.n_head_kv() || (int)D != cache.head_dim() || (int)V != model.config().n_vocab)
     throw Error(path + ": the cache file's shape does not match the model");
+  if (kv_type > (uint32_t)KvType::F32) throw Error(path + ": corrupt cache file (unknown KV type " + std::to_string(kv_type) + ")");
+  if ((KvType)kv_type != cache.kv_type())
+    throw Error(path + ": the cache file holds " + kv_type_name((KvType)kv_type) + " keys and values, but this run uses " +
+                kv_type_name(cache.kv_type()) + " (rerun with --kv-type " + kv_type_name((KvType)kv_type) + ")");
+  const size_t row = cache.row_bytes();
   if (payload_bytes != data.size() - kHeaderBytes)
     throw Error(path + ": truncated or padded cache file (payload is " + std::to_string(data.size() - kHeaderBytes) +
                 " bytes, the header says " + std::to_string(payload_bytes) + ")");
@@ -168,7 +176,7 @@ CacheFileMeta load_cache_file(const std::string& path, const Model& model, KvCac
     std::memcpy(meta.logits.data(), p.take((size_t)V * sizeof(float), "logits"), (size_t)V * sizeof(float));
   }
   // First pass: every stream's length and positions are checked before anything is appended.
-  struct StreamAt { uint32_t len; const int32_t* pos; const uint16_t* keys; const uint16_t* values; };
+  struct StreamAt { uint32_t len; const int32_t* pos; const char* keys; const char* values; };  // rows of `row` bytes
   std::vector<StreamAt> streams;
   streams.reserve((size_t)L * H);
   int64_t pages = 0;
@@ -177,8 +185,8 @@ CacheFileMeta load_cache_file(const std::string& path, const Model& model, KvCac
     if ((int64_t)len > n_past) throw Error(path + ": corrupt cache file (a stream is longer than the context)");
     StreamAt s{len, nullptr, nullptr, nullptr};
     s.pos = (const int32_t*)p.take((size_t)len * sizeof(int32_t), "positions");
-    s.keys = (const uint16_t*)p.take((size_t)len * D * sizeof(uint16_t), "keys");
-    s.values = (const uint16_t*)p.take((size_t)len * D * sizeof(uint16_t), "values");
+    s.keys = p.take((size_t)len * row, "keys");
+    s.values = p.take((size_t)len * row, "values");
     for (uint32_t j = 0; j < len; j++) {
       int32_t pos_j;
       std::memcpy(&pos_j, s.pos + j, sizeof pos_j);
@@ -195,15 +203,13 @@ CacheFileMeta load_cache_file(const std::string& path, const Model& model, KvCac
   if (pages > cache.pool().pages_available())
     throw KvBudgetExceeded(path + ": the saved cache needs " + std::to_string(pages * cache.page_bytes() / 1024) +
                            " KiB of KV pages, more than the budget has free");
-  std::vector<uint16_t> k(D), v(D);
   for (uint32_t i = 0; i < L * H; i++) {
     const StreamAt& s = streams[i];
     for (uint32_t j = 0; j < s.len; j++) {
       int32_t pos_j;
       std::memcpy(&pos_j, s.pos + j, sizeof pos_j);
-      std::memcpy(k.data(), s.keys + (size_t)j * D, D * sizeof(uint16_t));
-      std::memcpy(v.data(), s.values + (size_t)j * D, D * sizeof(uint16_t));
-      cache.append_f16((int)(i / H), (int)(i % H), k.data(), v.data(), pos_j);
+      // Rows are copied bytewise (the file's rows need not be aligned).
+      cache.append_stored((int)(i / H), (int)(i % H), s.keys + (size_t)j * row, s.values + (size_t)j * row, pos_j);
     }
   }
   cache.set_n_past(n_past);

@@ -11,14 +11,21 @@
 
 namespace kvzap {
 
-int64_t KvCache::page_bytes_for(int head_dim) {
-  return (int64_t)(2 * (size_t)kPageTokens * head_dim * sizeof(uint16_t) + kPageTokens * sizeof(int32_t));
+KvType parse_kv_type(const std::string& name) {
+  if (name == "f16") return KvType::F16;
+  if (name == "f32") return KvType::F32;
+  throw Error("unknown KV cache type '" + name + "' (expected f16 or f32)");
 }
 
-KvCache::KvCache(int n_layer, int n_head_kv, int head_dim, PagePool* pool)
-    : n_layer_(n_layer), n_head_kv_(n_head_kv), head_dim_(head_dim), pool_(pool) {
-  kv_page_half_ = (size_t)kPageTokens * head_dim * sizeof(uint16_t);
-  page_bytes_ = page_bytes_for(head_dim);
+int64_t KvCache::page_bytes_for(int head_dim, KvType type) {
+  return (int64_t)(2 * (size_t)kPageTokens * head_dim * kv_type_bytes(type) + kPageTokens * sizeof(int32_t));
+}
+
+KvCache::KvCache(int n_layer, int n_head_kv, int head_dim, PagePool* pool, KvType type)
+    : n_layer_(n_layer), n_head_kv_(n_head_kv), head_dim_(head_dim), type_(type), pool_(pool) {
+  row_bytes_ = (size_t)head_dim * kv_type_bytes(type);
+  kv_page_half_ = (size_t)kPageTokens * row_bytes_;
+  page_bytes_ = page_bytes_for(head_dim, type);
   if (!pool_) {
     own_pool_ = std::make_unique<PagePool>(page_bytes_, 0);
     pool_ = own_pool_.get();
@@ -54,9 +61,15 @@ void KvCache::make_exclusive(Stream& s, size_t p, bool forced) {
   s.pages[p] = copy;
 }
 
+void KvCache::require(KvType t) const {
+  if (type_ != t)
+    throw Error(std::string("internal: ") + kv_type_name(t) + " view of an " + kv_type_name(type_) + " KV cache");
+}
+
 void KvCache::share_from(const KvCache& src) {
-  if (src.n_layer_ != n_layer_ || src.n_head_kv_ != n_head_kv_ || src.head_dim_ != head_dim_ || src.pool_ != pool_)
-    throw Error("internal: share_from needs a cache of the same shape and pool");
+  if (src.n_layer_ != n_layer_ || src.n_head_kv_ != n_head_kv_ || src.head_dim_ != head_dim_ || src.pool_ != pool_ ||
+      src.type_ != type_)
+    throw Error("internal: share_from needs a cache of the same shape, element type and pool");
   if (&src == this) return;
   clear();
   windows_ = src.windows_;
@@ -93,18 +106,25 @@ void KvCache::append(int layer, int head, const float* k, const float* v, int32_
   Stream& s = stream(layer, head);
   const int64_t slot = s.length % kPageTokens;
   uint8_t* page = page_for_append(s, slot);
-  f32_to_f16_row(k, keys_of(page) + slot * head_dim_, head_dim_);
-  f32_to_f16_row(v, values_of(page) + slot * head_dim_, head_dim_);
+  uint8_t* kd = keys_of(page) + slot * row_bytes_;
+  uint8_t* vd = values_of(page) + slot * row_bytes_;
+  if (type_ == KvType::F16) {
+    f32_to_f16_row(k, (uint16_t*)kd, head_dim_);
+    f32_to_f16_row(v, (uint16_t*)vd, head_dim_);
+  } else {
+    std::memcpy(kd, k, row_bytes_);
+    std::memcpy(vd, v, row_bytes_);
+  }
   positions_of(page)[slot] = pos;
   s.length++;
 }
 
-void KvCache::append_f16(int layer, int head, const uint16_t* k, const uint16_t* v, int32_t pos) {
+void KvCache::append_stored(int layer, int head, const void* k, const void* v, int32_t pos) {
   Stream& s = stream(layer, head);
   const int64_t slot = s.length % kPageTokens;
   uint8_t* page = page_for_append(s, slot);
-  std::memcpy(keys_of(page) + slot * head_dim_, k, (size_t)head_dim_ * sizeof(uint16_t));
-  std::memcpy(values_of(page) + slot * head_dim_, v, (size_t)head_dim_ * sizeof(uint16_t));
+  std::memcpy(keys_of(page) + slot * row_bytes_, k, row_bytes_);
+  std::memcpy(values_of(page) + slot * row_bytes_, v, row_bytes_);
   positions_of(page)[slot] = pos;
   s.length++;
 }
@@ -117,10 +137,20 @@ void KvCache::append_layer(int layer, int64_t n, const float* k, const float* v,
 }
 
 const uint16_t* KvCache::page_keys(int layer, int head, int p) const {
-  return keys_of(stream(layer, head).pages[p]);
+  require(KvType::F16);
+  return (const uint16_t*)page_keys_raw(layer, head, p);
 }
 const uint16_t* KvCache::page_values(int layer, int head, int p) const {
-  return values_of(stream(layer, head).pages[p]);
+  require(KvType::F16);
+  return (const uint16_t*)page_values_raw(layer, head, p);
+}
+const float* KvCache::page_keys_f32(int layer, int head, int p) const {
+  require(KvType::F32);
+  return (const float*)page_keys_raw(layer, head, p);
+}
+const float* KvCache::page_values_f32(int layer, int head, int p) const {
+  require(KvType::F32);
+  return (const float*)page_values_raw(layer, head, p);
 }
 const int32_t* KvCache::page_positions(int layer, int head, int p) const {
   return positions_of(stream(layer, head).pages[p]);
@@ -130,6 +160,29 @@ const uint16_t* KvCache::key_at(int layer, int head, int64_t i) const {
 }
 const uint16_t* KvCache::value_at(int layer, int head, int64_t i) const {
   return page_values(layer, head, (int)(i / kPageTokens)) + (i % kPageTokens) * head_dim_;
+}
+const float* KvCache::key_at_f32(int layer, int head, int64_t i) const {
+  return page_keys_f32(layer, head, (int)(i / kPageTokens)) + (i % kPageTokens) * head_dim_;
+}
+const float* KvCache::value_at_f32(int layer, int head, int64_t i) const {
+  return page_values_f32(layer, head, (int)(i / kPageTokens)) + (i % kPageTokens) * head_dim_;
+}
+void KvCache::row_to_f32(const uint8_t* src, float* out) const {
+  if (type_ == KvType::F32) {
+    std::memcpy(out, src, row_bytes_);
+    return;
+  }
+  uint16_t h;
+  for (int d = 0; d < head_dim_; d++) {
+    std::memcpy(&h, src + 2 * (size_t)d, sizeof h);
+    out[d] = fp16_to_fp32(h);
+  }
+}
+void KvCache::key_row(int layer, int head, int64_t i, float* out) const {
+  row_to_f32((const uint8_t*)page_keys_raw(layer, head, (int)(i / kPageTokens)) + (i % kPageTokens) * row_bytes_, out);
+}
+void KvCache::value_row(int layer, int head, int64_t i, float* out) const {
+  row_to_f32((const uint8_t*)page_values_raw(layer, head, (int)(i / kPageTokens)) + (i % kPageTokens) * row_bytes_, out);
 }
 int32_t KvCache::position_at(int layer, int head, int64_t i) const {
   return page_positions(layer, head, (int)(i / kPageTokens))[i % kPageTokens];
@@ -148,15 +201,15 @@ int64_t KvCache::evict(int layer, int head, const std::vector<uint8_t>& drop) {
   for (size_t p = (size_t)(first / kPageTokens); p < s.pages.size() && (int64_t)p * kPageTokens < kept; p++)
     make_exclusive(s, p, true);
   int64_t w = first;
-  const size_t row = (size_t)head_dim_ * sizeof(uint16_t);
+  const size_t row = row_bytes_;
   for (int64_t r = first; r < s.length; r++) {
     if (drop[r]) continue;
     if (w != r) {
       uint8_t* src = s.pages[r / kPageTokens];
       uint8_t* dst = s.pages[w / kPageTokens];
       const int64_t rs = r % kPageTokens, ws = w % kPageTokens;
-      std::memcpy(keys_of(dst) + ws * head_dim_, keys_of(src) + rs * head_dim_, row);
-      std::memcpy(values_of(dst) + ws * head_dim_, values_of(src) + rs * head_dim_, row);
+      std::memcpy(keys_of(dst) + ws * row, keys_of(src) + rs * row, row);
+      std::memcpy(values_of(dst) + ws * row, values_of(src) + rs * row, row);
       positions_of(dst)[ws] = positions_of(src)[rs];
     }
     w++;

@@ -1,8 +1,8 @@
 // One sequence's KV cache: a variable-length stream per (layer, KV head).
 //
 // Each stream stores its kept entries in fixed-size pages taken from a PagePool (shared by every
-// sequence of an engine, or private to this cache): keys after RoPE and values as f16, plus each
-// entry's original position. Entries stay sorted by position. Evicting entries compacts the stream and
+// sequence of an engine, or private to this cache): keys after RoPE and values in the cache's element
+// type (KvType: f16 by default, f32 on request), plus each entry's original position. Entries stay sorted by position. Evicting entries compacts the stream and
 // returns emptied pages to the pool, so evicted entries really stop costing memory and attention time —
 // nothing is masked. Keys are never re-rotated.
 //
@@ -13,22 +13,34 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "cache/page_pool.h"
 
 namespace kvzap {
 
+// Element type of cached keys and values. F16 (the default) halves the memory per token and matches
+// llama.cpp's default cache; F32 stores K and V exactly as computed (twice the bytes per token, so a
+// budget holds half as many tokens) and makes attention skip the f16 rounding of queries and
+// probabilities, so results can match an f32 reference.
+enum class KvType : uint8_t { F16 = 0, F32 = 1 };
+inline int kv_type_bytes(KvType t) { return t == KvType::F32 ? 4 : 2; }
+inline const char* kv_type_name(KvType t) { return t == KvType::F32 ? "f32" : "f16"; }
+// "f16" or "f32"; throws kvzap::Error on anything else.
+KvType parse_kv_type(const std::string& name);
+
 class KvCache {
  public:
   // Small pages keep the rounding waste per stream low (<= 15 entries), so resident bytes track kept entries.
   static constexpr int kPageTokens = 16;
 
-  // pool: the shared page pool (must outlive the cache); null = a private pool without a budget.
-  KvCache(int n_layer, int n_head_kv, int head_dim, PagePool* pool = nullptr);
+  // pool: the shared page pool (must outlive the cache; its pages sized by page_bytes_for(head_dim,
+  // type)); null = a private pool without a budget.
+  KvCache(int n_layer, int n_head_kv, int head_dim, PagePool* pool = nullptr, KvType type = KvType::F16);
   ~KvCache();
-  // Bytes of one page for a head size: keys [P][D] f16 | values [P][D] f16 | positions [P] i32.
-  static int64_t page_bytes_for(int head_dim);
+  // Bytes of one page: keys [P][D] | values [P][D] (f16 or f32) | positions [P] i32.
+  static int64_t page_bytes_for(int head_dim, KvType type = KvType::F16);
   PagePool& pool() { return *pool_; }
   const PagePool& pool() const { return *pool_; }
 
@@ -43,25 +55,39 @@ class KvCache {
   int n_layer() const { return n_layer_; }
   int n_head_kv() const { return n_head_kv_; }
   int head_dim() const { return head_dim_; }
+  KvType kv_type() const { return type_; }
+  // Bytes of one stored key (= value) row: head_dim * kv_type_bytes(kv_type()).
+  size_t row_bytes() const { return row_bytes_; }
 
-  // Appends one entry to stream (layer, head); k and v are [head_dim] f32, stored as f16.
+  // Appends one entry to stream (layer, head); k and v are [head_dim] f32, stored in kv_type().
   // Throws KvBudgetExceeded if the pool's budget has no page left.
   void append(int layer, int head, const float* k, const float* v, int32_t pos);
-  // The same with f16 keys and values (restoring a saved cache).
-  void append_f16(int layer, int head, const uint16_t* k, const uint16_t* v, int32_t pos);
+  // The same with keys and values already in the cache's element type, row_bytes() each (restoring a
+  // saved cache).
+  void append_stored(int layer, int head, const void* k, const void* v, int32_t pos);
   // Appends n entries of every KV head of a layer: k, v are [n][n_head_kv][head_dim], positions [n].
   void append_layer(int layer, int64_t n, const float* k, const float* v, const int32_t* pos);
 
   int64_t length(int layer, int head) const { return stream(layer, head).length; }
-  // Page p of a stream: keys/values [kPageTokens][head_dim] f16, positions [kPageTokens];
-  // only the first min(kPageTokens, length - p*kPageTokens) entries are valid.
+  // Page p of a stream: keys/values [kPageTokens][head_dim] in kv_type(), positions [kPageTokens];
+  // only the first min(kPageTokens, length - p*kPageTokens) entries are valid. The typed views check
+  // the type (an f16 view of an f32 cache is a caller bug: kvzap::Error "internal: ...").
   int n_pages(int layer, int head) const { return (int)stream(layer, head).pages.size(); }
-  const uint16_t* page_keys(int layer, int head, int p) const;
-  const uint16_t* page_values(int layer, int head, int p) const;
+  const void* page_keys_raw(int layer, int head, int p) const { return keys_of(stream(layer, head).pages[(size_t)p]); }
+  const void* page_values_raw(int layer, int head, int p) const { return values_of(stream(layer, head).pages[(size_t)p]); }
+  const uint16_t* page_keys(int layer, int head, int p) const;      // F16 caches
+  const uint16_t* page_values(int layer, int head, int p) const;    // F16 caches
+  const float* page_keys_f32(int layer, int head, int p) const;     // F32 caches
+  const float* page_values_f32(int layer, int head, int p) const;   // F32 caches
   const int32_t* page_positions(int layer, int head, int p) const;
-  // Entry i of a stream (slow path for scorers and tests).
-  const uint16_t* key_at(int layer, int head, int64_t i) const;
-  const uint16_t* value_at(int layer, int head, int64_t i) const;
+  // Entry i of a stream (slow path for scorers and tests): typed views as above, and key_row/value_row,
+  // which convert entry i of either type to f32 out[head_dim] (exact: f16 -> f32 loses nothing).
+  const uint16_t* key_at(int layer, int head, int64_t i) const;    // F16 caches
+  const uint16_t* value_at(int layer, int head, int64_t i) const;  // F16 caches
+  const float* key_at_f32(int layer, int head, int64_t i) const;   // F32 caches
+  const float* value_at_f32(int layer, int head, int64_t i) const; // F32 caches
+  void key_row(int layer, int head, int64_t i, float* out) const;
+  void value_row(int layer, int head, int64_t i, float* out) const;
   int32_t position_at(int layer, int head, int64_t i) const;
 
   // Removes the entries whose slot index (0..length-1) has drop[slot] != 0; keeps order.
@@ -100,8 +126,8 @@ class KvCache {
 
   // Accounting. Resident bytes count the pages this cache's streams hold (a page shared with a fork is
   // counted by both; the pool counts it once); exclusive bytes only the pages no other cache holds.
-  // Full bytes are what an f16 cache unpruned by presses would hold for n_past tokens (sliding-window
-  // layers: what their windows keep).
+  // Full bytes are what a cache of this element type unpruned by presses would hold for n_past tokens
+  // (sliding-window layers: what their windows keep).
   int64_t bytes_resident() const;
   int64_t bytes_exclusive() const;
   int64_t bytes_allocated() const;   // the pool's pages in use + free-listed (a private pool: this cache's)
@@ -118,7 +144,7 @@ class KvCache {
 
  private:
   struct Stream {
-    std::vector<uint8_t*> pages;  // each: keys [P][D] f16 | values [P][D] f16 | positions [P] i32
+    std::vector<uint8_t*> pages;  // each: keys [P][D] | values [P][D] (kv_type()) | positions [P] i32
     int64_t length = 0;
     int64_t window_dropped = 0;   // entries freed by the layer's sliding window
   };
@@ -131,11 +157,15 @@ class KvCache {
   uint8_t* page_for_append(Stream& s, int64_t slot);
   // Makes page p of stream s exclusive to this cache (copies it if shared).
   void make_exclusive(Stream& s, size_t p, bool forced);
-  uint16_t* keys_of(uint8_t* page) const { return (uint16_t*)page; }
-  uint16_t* values_of(uint8_t* page) const { return (uint16_t*)(page + kv_page_half_); }
+  uint8_t* keys_of(uint8_t* page) const { return page; }
+  uint8_t* values_of(uint8_t* page) const { return page + kv_page_half_; }
   int32_t* positions_of(uint8_t* page) const { return (int32_t*)(page + 2 * kv_page_half_); }
+  void require(KvType t) const;  // throws "internal: ..." when the cache holds the other type
+  void row_to_f32(const uint8_t* src, float* out) const;
 
   int n_layer_, n_head_kv_, head_dim_;
+  KvType type_;
+  size_t row_bytes_;     // bytes of one key (= value) row
   size_t kv_page_half_;  // bytes of the keys (= values) part of a page
   int64_t page_bytes_;
   std::vector<Stream> streams_;  // [n_layer][n_head_kv]

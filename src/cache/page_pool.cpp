@@ -69,9 +69,4 @@ void PagePool::trim() {
   free_.shrink_to_fit();
 }
 
-void PagePool::prewarm(int64_t n_pages) {
-  free_.reserve((size_t)n_pages + free_.size());
-  for (int64_t i = 0; i < n_pages; i++) free_.push_back(allocate());
-}
-
 }  // namespace kvzap

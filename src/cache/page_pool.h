@@ -49,17 +49,14 @@ class PagePool {
   int64_t pages_available() const;  // INT64_MAX when unlimited
   bool over_budget() const { return budget_bytes_ > 0 && bytes_in_use() > budget_bytes_; }
   int64_t pages_free_listed() const { return (int64_t)free_.size(); }
-  // Peak of bytes_in_use since construction (or reset_peak()).
+  // Peak of bytes_in_use since construction.
   int64_t peak_bytes() const { return peak_pages_ * page_bytes_; }
-  void reset_peak() { peak_pages_ = pages_in_use_; }
   // Total entries evicted by presses from sequences of this pool (metrics).
   int64_t entries_evicted_total() const { return evicted_total_; }
   void count_evicted(int64_t n) { evicted_total_ += n; }
 
   // Returns free-listed pages to the system.
   void trim();
-  // Allocates pages up front (onto the free list) so later takes never call the allocator.
-  void prewarm(int64_t n_pages);
 
  private:
   uint8_t* allocate();

@@ -9,19 +9,35 @@
 namespace kvzap::cli {
 
 void ModelArgs::add_to(CLI::App& sub) {
-  sub.add_option("-m,--model", model, "GGUF model file (default: the pulled SmolLM2-135M-Instruct)");
+  sub.add_option("-m,--model", model,
+                 "GGUF model file, or a Hugging Face checkpoint folder (config.json, safetensors, tokenizer.json; "
+                 "default: the pulled SmolLM2-135M-Instruct)");
   sub.add_option("-t,--threads", threads, "worker threads (default: physical cores)")->check(CLI::Range(0, 1024));
   sub.add_option("-c,--ctx", ctx, "context size in tokens (default: the model's, at most 8192)")->check(CLI::Range((int64_t)0, (int64_t)1 << 22));
+  sub.add_option("--quantize", quantize, "Hugging Face checkpoints: quantise the weight matrices at load")
+      ->check(CLI::IsMember({"q8_0", "q4_k"}));
   sub.add_option("-b,--batch", batch, "tokens per forward step (default: a whole prompt)")->check(CLI::Range((int64_t)0, (int64_t)1 << 22));
+  sub.add_option("--kv-type", kv_type,
+                 "KV cache element type: f16 (default) or f32 (exact keys and values, no f16 rounding in attention; "
+                 "twice the KV bytes per token, so a KV budget holds half as many tokens)")
+      ->check(CLI::IsMember({"f16", "f32"}));
 }
 
-std::unique_ptr<Model> ModelArgs::load_model() const { return Model::load(resolve_model(model)); }
+std::unique_ptr<Model> ModelArgs::load_model() const { return Model::load(resolve_model(model), load_options()); }
+
+LoadOptions ModelArgs::load_options() const {
+  LoadOptions o;
+  if (quantize == "q8_0") o.quantize = GgmlType::Q8_0;
+  else if (quantize == "q4_k") o.quantize = GgmlType::Q4_K;
+  return o;
+}
 
 SessionOptions ModelArgs::session_options() const {
   SessionOptions o;
   o.n_threads = threads;
   o.n_ctx = ctx;
   o.n_batch = batch;
+  o.kv_type = cache_type();
   return o;
 }
 

@@ -17,10 +17,14 @@ struct ModelArgs {
   int threads = 0;       // -t; 0 = physical cores
   int64_t ctx = 0;       // -c; 0 = the model's (capped at 8192)
   int64_t batch = 0;     // -b; 0 = whole prompt in one step
+  std::string quantize;  // --quantize q8_0|q4_k (Hugging Face checkpoints); empty = as stored
+  std::string kv_type = "f16";  // --kv-type: f16 | f32
 
   void add_to(CLI::App& sub);
   std::unique_ptr<Model> load_model() const;
+  LoadOptions load_options() const;
   SessionOptions session_options() const;
+  KvType cache_type() const { return parse_kv_type(kv_type); }
 };
 
 // Press selection shared by generate, eval and friends.

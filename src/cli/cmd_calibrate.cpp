@@ -1,10 +1,10 @@
-// kvzap calibrate: how much of the KV cache a KVzap surrogate evicts at each threshold (spec §4.1,
-// §4.5), on held-out texts, so a user can pick a threshold. One prefill per text scores every token
-// with every given surrogate; the evicted fraction of the threshold policy (entries outside the last
-// `window` tokens with score < T, kvpress accounting: mean over layers of evicted / (H x length)) is
-// then counted for the whole grid at once. That count is exact for a context prefilled in one step
-// (scores do not depend on evictions made after the step's attention), and one threshold is
-// re-run through the real press as a cross-check. Writes a table, calibration.json and an SVG plot;
+// kvzap calibrate: how much of the KV cache a KVzap surrogate evicts at each threshold
+// (docs/ALGORITHMS.md §6.5, docs/TRAINING.md §5), on held-out texts, so a user can pick a threshold.
+// One prefill per text scores every token with every given surrogate; the evicted fraction of the
+// threshold policy (entries outside the last `window` tokens with score < T, kvpress accounting: mean
+// over layers of evicted / (H x length)) is then counted for the whole grid at once. That count is
+// exact for a context prefilled in one step (scores do not depend on evictions made after the step's
+// attention), and one threshold is re-run through the real press as a cross-check. Writes a table, calibration.json and an SVG plot;
 // --write-default records the threshold closest to --target in <surrogate>/kvzap.json.
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,6 @@
-// kvzap collect: KVzip+ training pairs (h, log s+) for the KVzap surrogates (spec §2.2, §3.2) from a
-// text corpus, appended to a .kvzd dataset. Resumable: the same command continues where it stopped,
-// and a larger --windows extends a finished run.
+// kvzap collect: KVzip+ training pairs (h, log s+) for the KVzap surrogates (docs/ALGORITHMS.md §5.1,
+// §5.2) from a text corpus, appended to a .kvzd dataset. Resumable: the same command continues where
+// it stopped, and a larger --windows extends a finished run.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -70,7 +70,7 @@ int run_collect(const CollectArgs& a) {
   co.seed = a.seed;
   co.x_dtype = parse_dataset_dtype(a.x_dtype);
   const nlohmann::json settings = {
-      {"model", c.name}, {"model_file_size", fs::file_size(resolve_model(a.m.model))},
+      {"model", c.name}, {"model_file_size", model->weights_file_bytes()},
       {"n_layer", c.n_layer}, {"n_embd", c.n_embd}, {"n_head_kv", c.n_head_kv},
       {"file_list", fs::path(list).filename().string()}, {"file_list_digest", file_digest(list)},
       {"tokens_per_window", a.tokens_per_window}, {"min_tokens", a.min_tokens}, {"max_tokens", a.max_tokens},

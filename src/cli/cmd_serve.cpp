@@ -107,7 +107,7 @@ int run_serve(const ServeArgs& a) {
     http_thread.join();
   };
   try {
-    auto model = Model::load(model_path);
+    auto model = Model::load(model_path, a.m.load_options());
     server::ServerDefaults d;
     d.has_press = !a.press.name.empty();
     if (!d.has_press && (a.press.threshold_opt->count() || a.press.ratio_opt->count() || a.press.decoding))
@@ -124,6 +124,7 @@ int run_serve(const ServeArgs& a) {
     eo.n_ctx = a.m.ctx;
     eo.n_batch = a.m.batch > 0 ? a.m.batch : 512;
     eo.kv_budget_bytes = a.kv_budget.empty() ? 0 : parse_byte_size(a.kv_budget);
+    eo.kv_type = a.m.cache_type();
     Engine engine(*model, eo);
     server::SchedulerOptions so;
     so.parallel = a.parallel;
@@ -135,9 +136,12 @@ int run_serve(const ServeArgs& a) {
     http.attach(*model, engine, scheduler, d);
     watcher.set_scheduler(&scheduler);
     if (watcher.requested()) scheduler.stop();
-    std::fprintf(stderr, "[serve] ready: %s, %d threads, context %lld, %d parallel, KV budget %.1f MiB (prefix cache %.1f MiB), press %s%s\n",
+    // The token count makes the f32 cost visible: the same budget holds half as many f32 tokens.
+    std::fprintf(stderr, "[serve] ready: %s, %d threads, context %lld, %d parallel, KV budget %.1f MiB of %s K/V "
+                 "(%lld unpruned tokens; prefix cache %.1f MiB), press %s%s\n",
                  h.model_id.c_str(), engine.n_threads(), (long long)engine.n_ctx(), a.parallel,
-                 engine.pages().budget_bytes() / 1048576.0, so.prefix_cache_bytes / 1048576.0,
+                 engine.pages().budget_bytes() / 1048576.0, kv_type_name(engine.kv_type()),
+                 (long long)engine.kv_budget_tokens(), so.prefix_cache_bytes / 1048576.0,
                  d.has_press ? server::press_settings_key(true, d.press).c_str() : "none",
                  h.keys.enabled() ? ", API key required" : "");
     scheduler.run();
@@ -157,7 +161,8 @@ RegisterCommand reg("serve", "OpenAI-compatible HTTP server (continuous batching
   sub.add_option("--host", a->host, "address to bind (default 127.0.0.1: loopback only)");
   sub.add_option("--port", a->port, "port (default 8080)")->check(CLI::Range(0, 65535));
   sub.add_option("--parallel,--np", a->parallel, "most requests running at once (default 4)")->check(CLI::Range(1, 1024));
-  sub.add_option("--kv-budget", a->kv_budget, "KV page budget shared by all requests, e.g. 512MiB (default: half the available memory)");
+  sub.add_option("--kv-budget", a->kv_budget, "KV page budget shared by all requests, e.g. 512MiB (default: half the available memory; "
+                                             "with --kv-type f32 it holds half as many tokens)");
   sub.add_option("--prefix-cache", a->prefix_cache, "bytes of compressed prefixes kept for reuse (default: a quarter of the KV budget; 0 = off)");
   sub.add_option("--max-queue", a->max_queue, "most requests waiting for admission; beyond: 503 (default 64)")->check(CLI::Range(0, 1 << 20));
   sub.add_option("--max-tokens-limit", a->max_tokens, "largest max_tokens a request may ask for (default 4096)")->check(CLI::Range(1, 1 << 24));

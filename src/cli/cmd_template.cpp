@@ -16,8 +16,10 @@
 #include "cli/command.h"
 #include "engine/model_store.h"
 #include "format/gguf.h"
+#include "format/hf_checkpoint.h"
 #include "kvzap/error.h"
 #include "tokenizer/chat_prompt.h"
+#include "tokenizer/tokenizer_json.h"
 
 namespace kvzap::cli {
 namespace {
@@ -92,6 +94,18 @@ Source from_template_file(const std::string& path) {
 
 Source from_model(const std::string& path) {
   Source s;
+  if (hf::is_checkpoint_dir(path)) {  // tokenizer.json + tokenizer_config.json
+    const auto tok = tokenizer_from_hf_dir(path);
+    const TokenizerVocab& v = tok->vocab();
+    s.bos = v.bos_id >= 0 ? v.tokens[(size_t)v.bos_id] : "";
+    s.eos = v.eos_id >= 0 ? v.tokens[(size_t)v.eos_id] : "";
+    s.tmpl = v.chat_template;
+    if (s.tmpl.empty()) {
+      s.fmt = detect_chat_format(v);
+      s.builtin = true;
+    }
+    return s;
+  }
   const auto f = gguf::File::open(path);
   const std::vector<std::string> tokens =
       f->has("tokenizer.ggml.tokens") ? f->get_string_array("tokenizer.ggml.tokens") : std::vector<std::string>{};

@@ -10,8 +10,10 @@
 #include "cli/command.h"
 #include "engine/model_store.h"
 #include "format/gguf.h"
+#include "format/hf_checkpoint.h"
 #include "kvzap/error.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_json.h"
 #include "tokenizer/unicode_text.h"
 
 namespace kvzap::cli {
@@ -66,9 +68,9 @@ std::string printable_piece(const std::string& bytes) {
 
 int run_tokenize(const TokenizeArgs& a) {
   const std::string text = a.text_file.empty() ? a.text : read_file_bytes(a.text_file);
-  const auto file = gguf::File::open(resolve_model(a.model));
-  const auto tok = Tokenizer::from_gguf(*file);
-  if (a.bos && tok->vocab().bos_id < 0) throw Error(file->path() + ": the model has no BOS token (--bos)");
+  const std::string path = resolve_model(a.model);
+  const auto tok = hf::is_checkpoint_dir(path) ? tokenizer_from_hf_dir(path) : Tokenizer::from_gguf(*gguf::File::open(path));
+  if (a.bos && tok->vocab().bos_id < 0) throw Error(path + ": the model has no BOS token (--bos)");
   if (!a.jsonl.empty()) {
     std::istringstream lines(read_file_bytes(a.jsonl));
     std::string line;
@@ -97,7 +99,7 @@ int run_tokenize(const TokenizeArgs& a) {
 const RegisterCommand kRegister{
     "tokenize", "Print the token ids of a text (JSON array with --json)", [](CLI::App& sub) {
       auto a = std::make_shared<TokenizeArgs>();
-      sub.add_option("-m,--model", a->model, "GGUF model file (default: the downloaded default model)");
+      sub.add_option("-m,--model", a->model, "GGUF model file or Hugging Face checkpoint folder (default: the downloaded default model)");
       auto* p = sub.add_option("-p,--prompt", a->text, "Text to tokenize");
       auto* f = sub.add_option("--text-file,-f", a->text_file, "Read the text from this file (raw bytes)");
       auto* j = sub.add_option("--jsonl", a->jsonl, "Tokenize every line of this file (each a JSON string); one JSON array per line");

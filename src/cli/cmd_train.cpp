@@ -1,6 +1,6 @@
-// kvzap train: fits KVzap-Linear (ridge, alpha 1; spec §3.3) and/or KVzap-MLP (spec §3.4) on a .kvzd
-// dataset from `kvzap collect`, scores them on a held-out one (squared Pearson per layer and KV head,
-// spec §3.5) and writes kvpress-format folders DIR/linear, DIR/mlp plus DIR/report.json and
+// kvzap train: fits KVzap-Linear (ridge, alpha 1; docs/ALGORITHMS.md §5.3) and/or KVzap-MLP (§5.4) on
+// a .kvzd dataset from `kvzap collect`, scores them on a held-out one (squared Pearson per layer and KV
+// head, §5.5) and writes kvpress-format folders DIR/linear, DIR/mlp plus DIR/report.json and
 // DIR/report.md.
 #include <chrono>
 #include <cstdio>

@@ -39,7 +39,6 @@ class Progress {
   double elapsed_seconds() const;
   double rate() const;  // items of this run per second (0 before any)
   bool is_tty() const { return tty_; }
-  void set_log_interval(double seconds) { log_interval_ = seconds; }
 
  private:
   void draw(bool final_line);

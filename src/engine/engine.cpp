@@ -52,7 +52,7 @@ int64_t default_kv_budget(const Model& model) {
 // ---------------------------------------------------------------------------------------------------
 // Engine
 
-Engine::Engine(const Model& model, const EngineOptions& opt) : model_(model) {
+Engine::Engine(const Model& model, const EngineOptions& opt) : model_(model), kv_type_(opt.kv_type) {
   const ModelConfig& c = model.config();
   n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : std::min<int64_t>(c.n_ctx_train, 8192);
   if (n_ctx_ > (int64_t)c.n_ctx_train * 4)
@@ -60,13 +60,26 @@ Engine::Engine(const Model& model, const EngineOptions& opt) : model_(model) {
   n_batch_ = opt.n_batch > 0 ? opt.n_batch : n_ctx_;
   threads_ = std::make_unique<ThreadPool>(opt.n_threads > 0 ? opt.n_threads : ThreadPool::default_threads());
   const int64_t budget = opt.kv_budget_bytes > 0 ? opt.kv_budget_bytes : default_kv_budget(model);
-  pages_ = std::make_unique<PagePool>(KvCache::page_bytes_for(c.head_dim), budget);
+  pages_ = std::make_unique<PagePool>(KvCache::page_bytes_for(c.head_dim, kv_type_), budget);
   forward_ = std::make_unique<Forward>(model, n_batch_, n_ctx_, *threads_);
 }
 
 Engine::~Engine() = default;
 
 int Engine::n_threads() const { return threads_->size(); }
+
+int64_t Engine::kv_bytes_per_token() const {
+  const ModelConfig& c = model_.config();
+  return (int64_t)c.n_layer * c.n_head_kv * 2 * c.head_dim * kv_type_bytes(kv_type_);
+}
+
+int64_t Engine::kv_budget_tokens() const {
+  const PagePool& p = *pages_;
+  if (p.budget_bytes() <= 0) return 0;
+  // Whole pages per stream: the budget's pages shared out over every (layer, KV head) stream.
+  const ModelConfig& c = model_.config();
+  return p.budget_bytes() / p.page_bytes() / ((int64_t)c.n_layer * c.n_head_kv) * KvCache::kPageTokens;
+}
 
 std::unique_ptr<Sequence> Engine::new_sequence() { return std::unique_ptr<Sequence>(new Sequence(*this)); }
 
@@ -132,7 +145,8 @@ void Engine::feed(Sequence& seq, const int32_t* tokens, int64_t n, LogitsMode mo
 }
 
 void Engine::run_on_scratch_fork(const KvCache& cache, const int32_t* tokens, int64_t n, LayerObserver& obs) {
-  KvCache scratch(cache.n_layer(), cache.n_head_kv(), cache.head_dim(), &const_cast<KvCache&>(cache).pool());
+  KvCache scratch(cache.n_layer(), cache.n_head_kv(), cache.head_dim(), &const_cast<KvCache&>(cache).pool(),
+                  cache.kv_type());
   scratch.share_from(cache);
   forward_->run(tokens, n, scratch, LogitsMode::None, nullptr, &obs);
 }
@@ -143,7 +157,7 @@ void Engine::run_on_scratch_fork(const KvCache& cache, const int32_t* tokens, in
 Sequence::Sequence(Engine& engine)
     : engine_(engine),
       cache_(engine.model().config().n_layer, engine.model().config().n_head_kv, engine.model().config().head_dim,
-             &engine.pages()),
+             &engine.pages(), engine.kv_type()),
       logits_((size_t)engine.model().config().n_vocab, 0.0f) {}
 
 Sequence::~Sequence() = default;

@@ -34,6 +34,7 @@ struct EngineOptions {
   int64_t n_ctx = 0;            // per-sequence context limit; 0 = min(model's training context, 8192)
   int64_t n_batch = 0;          // most tokens in one forward step (all segments together); 0 = n_ctx
   int64_t kv_budget_bytes = 0;  // shared KV page budget; 0 = default_kv_budget()
+  KvType kv_type = KvType::F16; // element type of every sequence's cached K/V (F32: 2x bytes per token)
 };
 
 // The default KV budget: half of the memory the system reports available (MemAvailable) once the model
@@ -88,6 +89,12 @@ class Engine : public ContextRunner {
   Forward& forward() { return *forward_; }
   PagePool& pages() { return *pages_; }
   const PagePool& pages() const { return *pages_; }
+  KvType kv_type() const { return kv_type_; }
+  // KV bytes one token takes in every stream of a sequence (all layers and KV heads, keys and values;
+  // page rounding aside): twice as many with F32 as with F16.
+  int64_t kv_bytes_per_token() const;
+  // Tokens of one unpruned sequence the whole budget holds (0 when unlimited).
+  int64_t kv_budget_tokens() const;
 
   // A new, empty sequence whose streams take pages from this engine's pool.
   std::unique_ptr<Sequence> new_sequence();
@@ -110,6 +117,7 @@ class Engine : public ContextRunner {
  private:
   const Model& model_;
   int64_t n_ctx_, n_batch_;
+  KvType kv_type_;
   std::unique_ptr<ThreadPool> threads_;
   std::unique_ptr<PagePool> pages_;
   std::unique_ptr<Forward> forward_;

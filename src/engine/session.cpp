@@ -16,6 +16,7 @@ EngineOptions engine_options(const SessionOptions& opt) {
   e.n_ctx = opt.n_ctx;
   e.n_batch = opt.n_batch;
   e.kv_budget_bytes = opt.kv_budget_bytes;
+  e.kv_type = opt.kv_type;
   return e;
 }
 }  // namespace

@@ -15,6 +15,7 @@ struct SessionOptions {
   int64_t n_ctx = 0;      // 0 = min(model's training context, 8192)
   int64_t n_batch = 0;    // tokens per forward step; 0 = n_ctx (a whole prompt is one step)
   int64_t kv_budget_bytes = -1;  // KV page budget; -1 = unlimited (one sequence), 0 = the engine default
+  KvType kv_type = KvType::F16;  // cached K/V element type (F32: exact K/V, 2x the bytes per token)
 };
 
 struct GenerateOptions {

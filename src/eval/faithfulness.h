@@ -1,4 +1,4 @@
-// Teacher-forced faithfulness of a pruned cache (benchmarks.md §4.5): a text prefix is prefilled
+// Teacher-forced faithfulness of a pruned cache (docs/ALGORITHMS.md §9.3): a text prefix is prefilled
 // into two sessions, one with the full cache and one under a press (compressed in prefill), then
 // the continuation is fed token by token to both (so a press that prunes while decoding keeps
 // pruning) and every next-token distribution of the pressed run is compared with the full run's:

@@ -1,6 +1,6 @@
 // Offline RULER-style suite: task plans (everything random drawn up front) and the length fitter.
 // Template wording and formats follow RULER's scripts/data/synthetic/constants.py and the task
-// scripts (see /work/shared/reference/benchmarks.md sections 1 and 4).
+// scripts (docs/ALGORITHMS.md §9.2).
 #include "eval/ruler.h"
 
 #include <nlohmann/json.hpp>

@@ -42,6 +42,9 @@ MatmulKernel avx2_kernel(GgmlType type);
 MatmulKernel avx512_kernel(GgmlType type);
 MatmulKernel avx512_k_kernel(GgmlType type);  // Q4_K Q5_K Q6_K (gemm_k_avx512.cpp)
 MatmulKernel avx2_q32_kernel(GgmlType type);  // Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 (gemm_q32_avx2.cpp)
+// F32 F16 BF16 (gemm_float_avx512.cpp: BF16 only with AVX-512 BF16; gemm_float_avx2.cpp)
+MatmulKernel avx512_float_kernel(GgmlType type);
+MatmulKernel avx2_float_kernel(GgmlType type);
 const VectorKernels& scalar_vector_kernels();
 const VectorKernels& avx2_vector_kernels();
 const VectorKernels& avx512_vector_kernels();

@@ -27,6 +27,10 @@ size_t scalar_act_bytes_q8_k(int64_t n) { return kernel_row_bytes(GgmlType::Q8_K
 void scalar_prep_q8_0(const float* x, uint8_t* dst, int64_t n) { quantize_q8_0_ref(x, (BlockQ8_0*)dst, n); }
 void scalar_prep_q8_1(const float* x, uint8_t* dst, int64_t n) { quantize_q8_1_ref(x, (BlockQ8_1*)dst, n); }
 void scalar_prep_q8_k(const float* x, uint8_t* dst, int64_t n) { quantize_q8_K_ref(x, (BlockQ8_K*)dst, n); }
+// F16 / BF16 weights: activations rounded to the weight type, kept as floats.
+size_t scalar_act_bytes_f32(int64_t n) { return (size_t)n * sizeof(float); }
+template <GgmlType W>
+void scalar_prep_rounded(const float* x, uint8_t* dst, int64_t n) { quantize_activation_ref(W, x, dst, n); }
 
 template <GgmlType T>
 void scalar_compute(const WeightMatrix& w, const uint8_t* act, size_t act_stride, int64_t r0, int64_t r1,
@@ -62,6 +66,14 @@ MatmulKernel scalar_kernel(GgmlType type) {
     case GgmlType::Q8_0: k.act_row_bytes = scalar_act_bytes_q8_0; k.prepare_act = scalar_prep_q8_0; break;
     case GgmlType::Q8_1: k.act_row_bytes = scalar_act_bytes_q8_1; k.prepare_act = scalar_prep_q8_1; break;
     case GgmlType::Q8_K: k.act_row_bytes = scalar_act_bytes_q8_k; k.prepare_act = scalar_prep_q8_k; break;
+    case GgmlType::F16:
+      k.act_row_bytes = scalar_act_bytes_f32;
+      k.prepare_act = scalar_prep_rounded<GgmlType::F16>;
+      break;
+    case GgmlType::BF16:
+      k.act_row_bytes = scalar_act_bytes_f32;
+      k.prepare_act = scalar_prep_rounded<GgmlType::BF16>;
+      break;
     default: break;
   }
   switch (type) {

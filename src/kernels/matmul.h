@@ -1,6 +1,7 @@
 // Quantized weight x float activation products, the engine's only heavy kernel family.
 // Weights stay in their GGUF block format; activations are quantized once per call to the weight
-// type's partner (Q8_0 / Q8_1 / Q8_K, as ggml does) and reused for every weight row.
+// type's partner (Q8_0 / Q8_1 / Q8_K, as ggml does; F16 / BF16 weights: activations rounded to f16 /
+// bf16, as ggml's vec_dot_type) and reused for every weight row.
 // Layout: W is n_out rows of n_in values (ggml ne = [n_in, n_out]); x is [n_tok][n_in] row-major;
 // y is [n_tok][n_out] row-major: y[t][o] = sum_i W[o][i] * x[t][i].
 #pragma once

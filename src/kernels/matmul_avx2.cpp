@@ -1,6 +1,6 @@
-// AVX2 + FMA + F16C kernels for the K formats and the float formats (one vec-dot per (weight row,
-// token), activations in ggml's Q8_K / plain f32), and the f32/f16 vector helpers. The 32-element
-// formats have tiled kernels in gemm_q32_avx2.cpp.
+// AVX2 + FMA + F16C kernels for the K formats (one vec-dot per (weight row, token), activations in
+// ggml's Q8_K), and the f32/f16 vector helpers. The 32-element formats have tiled kernels in
+// gemm_q32_avx2.cpp, the float formats in gemm_float_avx2.cpp.
 // Everything here has internal linkage and no standard-library templates are instantiated, so no
 // AVX2-compiled inline function can be picked by the linker for baseline code.
 #include <immintrin.h>
@@ -177,14 +177,12 @@ void v_f32_to_f16_row(const float* src, uint16_t* dst, int64_t n) {
 MatmulKernel avx2_kernel(GgmlType type) {
   MatmulKernel k;
   if (MatmulKernel q32 = avx2_q32_kernel(type)) return q32;
+  if (MatmulKernel f = avx2_float_kernel(type)) return f;
   if (partner_type(type) == GgmlType::Q8_K) {
     k.act_row_bytes = act_bytes_q8_k;
     k.prepare_act = prep_q8_k;
   }
   switch (type) {
-    case GgmlType::F32: k.compute = compute_rows<dot_float<0>>; break;
-    case GgmlType::F16: k.compute = compute_rows<dot_float<1>>; break;
-    case GgmlType::BF16: k.compute = compute_rows<dot_float<2>>; break;
     case GgmlType::Q4_K: k.compute = compute_rows<dot_q45_k<false>>; break;
     case GgmlType::Q5_K: k.compute = compute_rows<dot_q45_k<true>>; break;
     case GgmlType::Q6_K: k.compute = compute_rows<dot_q6_k>; break;

@@ -1,5 +1,6 @@
 // AVX-512 (F/BW/VL/DQ + VNNI) kernels for the 32-element formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0.
-// The K formats are in gemm_k_avx512.cpp; other types fall back to the AVX2 kernels in the dispatcher.
+// The K formats are in gemm_k_avx512.cpp, the float formats in gemm_float_avx512.cpp; other types fall
+// back to the AVX2 kernels in the dispatcher.
 //
 // Scheme (one zmm = a pair of 32-element blocks b, b+1):
 //  * Activations are quantized exactly as ggml's Q8_0 / Q8_1 (same q, fp16-rounded d, s) and stored per
@@ -474,6 +475,7 @@ MatmulKernel avx512_kernel(GgmlType type) {
     case GgmlType::Q5_0: return make_kernel<GgmlType::Q5_0>();
     case GgmlType::Q5_1: return make_kernel<GgmlType::Q5_1>();
     case GgmlType::Q8_0: return make_kernel<GgmlType::Q8_0>();
+    case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: return avx512_float_kernel(type);
     default: return avx512_k_kernel(type);
   }
 }

@@ -74,7 +74,9 @@ static inline GgmlType partner_type(GgmlType w) {
     case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: return GgmlType::Q8_0;
     case GgmlType::Q4_1: case GgmlType::Q5_1: return GgmlType::Q8_1;
     case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: return GgmlType::Q8_K;
-    default: return GgmlType::F32;  // float weights take float activations as they are
+    case GgmlType::F16: return GgmlType::F16;    // activations rounded to f16
+    case GgmlType::BF16: return GgmlType::BF16;  // activations rounded to bf16
+    default: return GgmlType::F32;  // F32 weights take float activations as they are
   }
 }
 

@@ -586,11 +586,41 @@ float dot_q6_k(const BlockQ6_K* w, const BlockQ8_K* a, int64_t nb) {
   return sum;
 }
 
-template <typename Load>
-float dot_float(const float* a, int64_t n, Load load) {
-  float sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += load(i) * a[i];
-  return sum;
+// Float weights: the arithmetic of the SIMD kernels (gemm_float_avx512.cpp, gemm_float_avx2.cpp) in
+// scalar form, so they match it bit for bit. 16 f32 lanes; the row is zero-padded to whole steps (padding
+// adds 0 * 0, as the kernels' zeroed tails do); the lanes are folded as avx512_reduce.h folds a zmm.
+float fold16(const float* l) {
+  float s8[8], s4[4];
+  for (int j = 0; j < 8; ++j) s8[j] = l[j] + l[j + 8];
+  for (int j = 0; j < 4; ++j) s4[j] = s8[j] + s8[j + 4];
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+// F32 / F16: element i goes to lane i % 16, acc = fma(w_i, a_i, acc) in element order. F16 x f16-rounded
+// products are exact in f32, so there a plain multiply-add is the same fma (and keeps baseline code fast).
+template <bool kFma, typename Load>
+float dot_float_lanes(const float* a, int64_t n, Load load) {
+  float acc[16] = {};
+  const int64_t padded = (n + 15) / 16 * 16;
+  for (int64_t i = 0; i < padded; ++i) {
+    const float w = i < n ? load(i) : 0.f, x = i < n ? a[i] : 0.f;
+    acc[i % 16] = kFma ? std::fma(w, x, acc[i % 16]) : acc[i % 16] + w * x;
+  }
+  return fold16(acc);
+}
+
+// BF16: AVX-512 BF16's vdpbf16ps per 32 elements: lane j adds the product of element 2j + 1, then that of
+// element 2j, each add rounded to f32 (the products are exact). The instruction also treats denormals as
+// zero and flushes denormal results; that is not modelled (it never matters for model-sized values).
+float dot_bf16_lanes(const uint16_t* w, const float* a, int64_t n) {
+  float acc[16] = {};
+  auto prod = [&](int64_t i) { return i < n ? bf16_to_fp32(w[i]) * a[i] : 0.f * 0.f; };
+  for (int64_t s = 0; s < n; s += 32)
+    for (int j = 0; j < 16; ++j) {
+      acc[j] = acc[j] + prod(s + 2 * j + 1);
+      acc[j] = acc[j] + prod(s + 2 * j);
+    }
+  return fold16(acc);
 }
 
 }  // namespace
@@ -649,6 +679,12 @@ void quantize_activation_ref(GgmlType w, const float* x, void* dst, int64_t n) {
     case GgmlType::Q8_0: quantize_q8_0_ref(x, (BlockQ8_0*)dst, n); break;
     case GgmlType::Q8_1: quantize_q8_1_ref(x, (BlockQ8_1*)dst, n); break;
     case GgmlType::Q8_K: quantize_q8_K_ref(x, (BlockQ8_K*)dst, n); break;
+    case GgmlType::F16:
+      for (int64_t i = 0; i < n; ++i) ((float*)dst)[i] = fp16_to_fp32(fp32_to_fp16(x[i]));
+      break;
+    case GgmlType::BF16:
+      for (int64_t i = 0; i < n; ++i) ((float*)dst)[i] = bf16_to_fp32(fp32_to_bf16(x[i]));
+      break;
     default: std::memcpy(dst, x, (size_t)n * sizeof(float)); break;
   }
 }
@@ -717,16 +753,13 @@ float vec_dot_ref(GgmlType w, const void* w_row, const void* act_row, int64_t n)
   switch (w) {
     case GgmlType::F32: {
       const float* wf = (const float*)w_row;
-      return dot_float(af, n, [&](int64_t i) { return wf[i]; });
+      return dot_float_lanes<true>(af, n, [&](int64_t i) { return wf[i]; });
     }
     case GgmlType::F16: {
       const uint16_t* wh = (const uint16_t*)w_row;
-      return dot_float(af, n, [&](int64_t i) { return fp16_to_fp32(wh[i]); });
+      return dot_float_lanes<false>(af, n, [&](int64_t i) { return fp16_to_fp32(wh[i]); });
     }
-    case GgmlType::BF16: {
-      const uint16_t* wh = (const uint16_t*)w_row;
-      return dot_float(af, n, [&](int64_t i) { return bf16_to_fp32(wh[i]); });
-    }
+    case GgmlType::BF16: return dot_bf16_lanes((const uint16_t*)w_row, af, n);
     case GgmlType::Q4_0: return dot_q4_0((const BlockQ4_0*)w_row, (const BlockQ8_0*)act_row, nb);
     case GgmlType::Q4_1: return dot_q4_1((const BlockQ4_1*)w_row, (const BlockQ8_1*)act_row, nb);
     case GgmlType::Q5_0: return dot_q5_0((const BlockQ5_0*)w_row, (const BlockQ8_0*)act_row, nb);

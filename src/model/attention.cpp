@@ -33,6 +33,14 @@ KVZAP_INLINE_BODY void page_keys_transposed_body(const uint16_t* src, float* dst
 }
 KVZAP_ISA_DISPATCH(void, page_keys_transposed, (const uint16_t* src, float* dst, int64_t nj, int d), (src, dst, nj, d))
 
+// The same for an f32 page (KvType::F32).
+KVZAP_INLINE_BODY void page_keys_transposed_f32_body(const float* src, float* dst, int64_t nj, int d) {
+  constexpr int P = KvCache::kPageTokens;
+  for (int64_t j = 0; j < P; j++)
+    for (int i = 0; i < d; i++) dst[i * P + j] = j < nj ? src[j * d + i] : 0.0f;
+}
+KVZAP_ISA_DISPATCH(void, page_keys_transposed_f32, (const float* src, float* dst, int64_t nj, int d), (src, dst, nj, d))
+
 KVZAP_INLINE_BODY void scores_page_body(const float* q, int64_t q_stride, int rows, const int64_t* visible, const float* kt,
                  int64_t j0, int64_t nj, int d, float* scores, int64_t s_stride) {
   constexpr int P = KvCache::kPageTokens;
@@ -123,6 +131,11 @@ void attention_scores_page(const float* q, int64_t q_stride, int rows, const int
                            int64_t j0, int64_t nj, int d, float* scores, int64_t s_stride);
 void attention_accumulate_page(const float* probs, int64_t s_stride, int rows, const int64_t* visible,
                                const uint16_t* values, int64_t j0, int64_t nj, int d, float* out, int64_t out_stride);
+// The same over f32 pages.
+void attention_scores_page(const float* q, int64_t q_stride, int rows, const int64_t* visible, const float* keys,
+                           int64_t j0, int64_t nj, int d, float* scores, int64_t s_stride);
+void attention_accumulate_page(const float* probs, int64_t s_stride, int rows, const int64_t* visible,
+                               const float* values, int64_t j0, int64_t nj, int d, float* out, int64_t out_stride);
 }  // namespace avx512
 
 void attend(const AttentionBlock& b, const KvCache& cache, int layer, int head, float* scores, float* page_f32) {
@@ -139,15 +152,18 @@ void attend(const AttentionBlock& b, const KvCache& cache, int layer, int head, 
   const int p0 = (int)(min_first / P);
   float* kf = page_f32;
   const bool fast = use_avx512() && d % 16 == 0 && d <= 128;
+  const bool f32 = cache.kv_type() == KvType::F32;
   for (int p = p0; p < n_pages; p++) {
     const int64_t j0 = (int64_t)p * P;
     const int64_t nj = std::min<int64_t>(P, max_vis - j0);
+    const void* keys = cache.page_keys_raw(layer, head, p);
     if (fast) {
-      avx512::attention_scores_page(b.q, b.q_stride, b.rows, b.visible, cache.page_keys(layer, head, p), j0, nj, d,
-                                    scores, s_stride);
+      if (f32) avx512::attention_scores_page(b.q, b.q_stride, b.rows, b.visible, (const float*)keys, j0, nj, d, scores, s_stride);
+      else avx512::attention_scores_page(b.q, b.q_stride, b.rows, b.visible, (const uint16_t*)keys, j0, nj, d, scores, s_stride);
       continue;
     }
-    page_keys_transposed(cache.page_keys(layer, head, p), kf, nj, d);
+    if (f32) page_keys_transposed_f32((const float*)keys, kf, nj, d);
+    else page_keys_transposed((const uint16_t*)keys, kf, nj, d);
     scores_page(b.q, b.q_stride, b.rows, b.visible, kf, j0, nj, d, scores, s_stride);
   }
   for (int r = 0; r < b.rows; r++) {
@@ -160,37 +176,49 @@ void attend(const AttentionBlock& b, const KvCache& cache, int layer, int head, 
   for (int p = p0; p < n_pages; p++) {
     const int64_t j0 = (int64_t)p * P;
     const int64_t nj = std::min<int64_t>(P, max_vis - j0);
+    const void* values = cache.page_values_raw(layer, head, p);
     if (fast) {
-      avx512::attention_accumulate_page(scores, s_stride, b.rows, b.visible, cache.page_values(layer, head, p), j0, nj,
-                                        d, b.out, b.out_stride);
+      if (f32)
+        avx512::attention_accumulate_page(scores, s_stride, b.rows, b.visible, (const float*)values, j0, nj, d, b.out,
+                                          b.out_stride);
+      else
+        avx512::attention_accumulate_page(scores, s_stride, b.rows, b.visible, (const uint16_t*)values, j0, nj, d,
+                                          b.out, b.out_stride);
       continue;
     }
-    page_to_f32(cache.page_values(layer, head, p), kf, nj * d);
-    accumulate_page(scores, s_stride, b.rows, b.visible, kf, j0, nj, d, b.out, b.out_stride);
+    // f32 pages are read in place; f16 ones are converted once per page for all rows.
+    const float* vf = (const float*)values;
+    if (!f32) {
+      page_to_f32((const uint16_t*)values, kf, nj * d);
+      vf = kf;
+    }
+    accumulate_page(scores, s_stride, b.rows, b.visible, vf, j0, nj, d, b.out, b.out_stride);
   }
 }
 
 void attend_reference(const AttentionBlock& b, const KvCache& cache, int layer, int head) {
   const int d = cache.head_dim();
+  std::vector<float> k((size_t)d), v((size_t)d);  // one entry in f32 (exact for either element type)
   for (int r = 0; r < b.rows; r++) {
     const int64_t n = b.visible[r], f = b.first ? b.first[r] : 0;
     std::vector<double> s((size_t)n, 0.0);
     double mx = -INFINITY;
     for (int64_t j = f; j < n; j++) {
-      const uint16_t* k = cache.key_at(layer, head, j);
+      cache.key_row(layer, head, j, k.data());
       double acc = 0;
-      for (int i = 0; i < d; i++) acc += (double)b.q[r * b.q_stride + i] * fp16_to_fp32(k[i]);
+      for (int i = 0; i < d; i++) acc += (double)b.q[r * b.q_stride + i] * k[(size_t)i];
       s[j] = acc;
       mx = std::max(mx, acc);
     }
     double sum = 0;
     for (int64_t j = f; j < n; j++) sum += (s[j] = std::exp(s[j] - mx));
     for (int64_t j = f; j < n; j++) s[j] = b.f16_probs ? fp16_to_fp32(fp32_to_fp16((float)(s[j] / sum))) : s[j] / sum;
-    for (int i = 0; i < d; i++) {
-      double o = 0;
-      for (int64_t j = f; j < n; j++) o += s[j] * fp16_to_fp32(cache.value_at(layer, head, j)[i]);
-      b.out[r * b.out_stride + i] = (float)o;
+    std::vector<double> o((size_t)d, 0.0);
+    for (int64_t j = f; j < n; j++) {
+      cache.value_row(layer, head, j, v.data());
+      for (int i = 0; i < d; i++) o[(size_t)i] += s[j] * v[(size_t)i];
     }
+    for (int i = 0; i < d; i++) b.out[r * b.out_stride + i] = (float)o[(size_t)i];
   }
 }
 

@@ -1,4 +1,5 @@
-// Causal attention of a block of query rows over one KV head's kept entries (paged f16 storage).
+// Causal attention of a block of query rows over one KV head's kept entries (paged f16 or f32 storage,
+// KvCache::kv_type()).
 #pragma once
 #include <cstdint>
 
@@ -14,7 +15,8 @@ struct AttentionBlock {
   float* out;              // [rows][head_dim] (stride out_stride)
   int64_t out_stride;
   // Round attention probabilities to f16 before weighting the f16 values, as llama.cpp's default
-  // (non-flash) CPU path does; keeps greedy outputs token-identical to it on near-ties.
+  // (non-flash) CPU path does; keeps greedy outputs token-identical to it on near-ties. The forward
+  // pass sets it for f16 caches only (with f32 values llama.cpp keeps f32 probabilities too).
   bool f16_probs = false;
   // Sliding window: [rows] the first stream entry row r may attend to (entries before it get probability
   // 0); null = 0 for every row.
@@ -24,7 +26,7 @@ struct AttentionBlock {
 // dst[i] = f16(src[i]) * scale: queries rounded to f16 as llama.cpp does before its f16 K dot products.
 void round_rows_f16(const float* src, float* dst, int64_t n, float scale);
 
-// Exact two-pass softmax per row. scores: scratch [rows][max visible]; page_f32: scratch [2][page][head_dim].
+// Exact two-pass softmax per row. scores: scratch [rows][max visible]; page_f32: scratch [page][head_dim].
 void attend(const AttentionBlock& b, const KvCache& cache, int layer, int head, float* scores,
             float* page_f32);
 // Scalar reference (double accumulation) for tests.

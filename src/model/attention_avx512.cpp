@@ -1,10 +1,12 @@
-// AVX-512 inner loops of attention: keys and values are read straight from the f16 pages
-// (vcvtph2ps), so nothing is converted or transposed per page. Compiled with AVX-512 flags by file name;
-// called only when the CPU has AVX-512F (see attention.cpp).
+// AVX-512 inner loops of attention: keys and values are read straight from the pages (f16 ones through
+// vcvtph2ps, f32 ones as they are), so nothing is transposed per page. One template per element type:
+// the f16 instantiation is the instruction sequence the f16 cache always had. Compiled with AVX-512 flags
+// by file name; called only when the CPU has AVX-512F (see attention.cpp).
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 namespace kvzap::avx512 {
 
@@ -25,18 +27,21 @@ inline __m512 reduce16(const __m512* a) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(e01, e23, 0x88), _mm512_shuffle_f32x4(e01, e23, 0xDD));
 }
 
-}  // namespace
+// 16 consecutive elements of a page row as f32.
+inline __m512 load16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 
 // scores[r][j0 + j] = q_r . k_j for the visible keys of one page (head_dim = 16 * nc, nc <= 8).
 // Every score goes through the same 16-lane reduction whatever the page's fill and the other rows of
 // the block, so a row's result does not depend on which rows share its block (batched = alone).
-void attention_scores_page(const float* q, int64_t q_stride, int rows, const int64_t* visible, const uint16_t* keys,
-                           int64_t j0, int64_t nj, int d, float* scores, int64_t s_stride) {
+template <class T>
+void scores_page(const float* q, int64_t q_stride, int rows, const int64_t* visible, const T* keys, int64_t j0,
+                 int64_t nj, int d, float* scores, int64_t s_stride) {
   const int nc = d / 16;
   // Convert the page's keys once (unfilled slots are zeros, never read from the page).
   alignas(64) float kf[16 * 128];
   for (int i = 0; i < (int)nj * nc; i++)
-    _mm512_store_ps(kf + 16 * i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(keys + 16 * i))));
+    _mm512_store_ps(kf + 16 * i, load16(keys + 16 * i));
   for (int i = (int)nj * nc; i < 16 * nc; i++) _mm512_store_ps(kf + 16 * i, _mm512_setzero_ps());
   for (int r = 0; r < rows; r++) {
     const int64_t jmax = std::min<int64_t>(nj, visible[r] - j0);
@@ -55,15 +60,18 @@ void attention_scores_page(const float* q, int64_t q_stride, int rows, const int
 }
 
 // out[r] += sum_j probs[r][j0 + j] * v_j over the visible values of one page.
-void attention_accumulate_page(const float* probs, int64_t s_stride, int rows, const int64_t* visible,
-                               const uint16_t* values, int64_t j0, int64_t nj, int d, float* out, int64_t out_stride) {
+template <class T>
+void accumulate_page(const float* probs, int64_t s_stride, int rows, const int64_t* visible, const T* values,
+                     int64_t j0, int64_t nj, int d, float* out, int64_t out_stride) {
   const int nc = d / 16;
-  // Convert the page's values once for all rows (a KV head's query heads share them).
-  alignas(64) float vf[16 * 128];
-  int64_t jmax_all = 0;
-  for (int r = 0; r < rows; r++) jmax_all = std::max<int64_t>(jmax_all, std::min<int64_t>(nj, visible[r] - j0));
-  for (int i = 0; i < (int)jmax_all * nc; i++)
-    _mm512_store_ps(vf + 16 * i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(values + 16 * i))));
+  // Convert f16 values once for all rows (a KV head's query heads share them); f32 ones are read in place.
+  alignas(64) float vf[std::is_same_v<T, float> ? 1 : 16 * 128];
+  if constexpr (!std::is_same_v<T, float>) {
+    int64_t jmax_all = 0;
+    for (int r = 0; r < rows; r++) jmax_all = std::max<int64_t>(jmax_all, std::min<int64_t>(nj, visible[r] - j0));
+    for (int i = 0; i < (int)jmax_all * nc; i++)
+      _mm512_store_ps(vf + 16 * i, load16(values + 16 * i));
+  }
   for (int r = 0; r < rows; r++) {
     const int64_t jmax = std::min<int64_t>(nj, visible[r] - j0);
     if (jmax <= 0) continue;
@@ -73,11 +81,35 @@ void attention_accumulate_page(const float* probs, int64_t s_stride, int rows, c
     for (int c = 0; c < nc; c++) acc[c] = _mm512_loadu_ps(o + 16 * c);
     for (int64_t j = 0; j < jmax; j++) {
       const __m512 p = _mm512_set1_ps(pr[j]);
-      const float* vj = vf + j * d;
-      for (int c = 0; c < nc; c++) acc[c] = _mm512_fmadd_ps(p, _mm512_load_ps(vj + 16 * c), acc[c]);
+      if constexpr (std::is_same_v<T, float>) {
+        const float* vj = values + j * d;
+        for (int c = 0; c < nc; c++) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 16 * c), acc[c]);
+      } else {
+        const float* vj = vf + j * d;
+        for (int c = 0; c < nc; c++) acc[c] = _mm512_fmadd_ps(p, _mm512_load_ps(vj + 16 * c), acc[c]);
+      }
     }
     for (int c = 0; c < nc; c++) _mm512_storeu_ps(o + 16 * c, acc[c]);
   }
+}
+
+}  // namespace
+
+void attention_scores_page(const float* q, int64_t q_stride, int rows, const int64_t* visible, const uint16_t* keys,
+                           int64_t j0, int64_t nj, int d, float* scores, int64_t s_stride) {
+  scores_page(q, q_stride, rows, visible, keys, j0, nj, d, scores, s_stride);
+}
+void attention_scores_page(const float* q, int64_t q_stride, int rows, const int64_t* visible, const float* keys,
+                           int64_t j0, int64_t nj, int d, float* scores, int64_t s_stride) {
+  scores_page(q, q_stride, rows, visible, keys, j0, nj, d, scores, s_stride);
+}
+void attention_accumulate_page(const float* probs, int64_t s_stride, int rows, const int64_t* visible,
+                               const uint16_t* values, int64_t j0, int64_t nj, int d, float* out, int64_t out_stride) {
+  accumulate_page(probs, s_stride, rows, visible, values, j0, nj, d, out, out_stride);
+}
+void attention_accumulate_page(const float* probs, int64_t s_stride, int rows, const int64_t* visible,
+                               const float* values, int64_t j0, int64_t nj, int d, float* out, int64_t out_stride) {
+  accumulate_page(probs, s_stride, rows, visible, values, j0, nj, d, out, out_stride);
 }
 
 }  // namespace kvzap::avx512

@@ -15,14 +15,16 @@ void rmsnorm(const float* x, const float* gain, float* out, int64_t n, float eps
   for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * gain[i];
 }
 
-void rope_table(int64_t n_pos, int head_dim, float base, float freq_scale, float* cos_out, float* sin_out) {
+void rope_table(int64_t n_pos, int head_dim, float base, float freq_scale, float* cos_out, float* sin_out,
+                const float* freq_factors) {
   const int half = head_dim / 2;
   const float theta_scale = std::pow(base, -2.0f / (float)head_dim);
   for (int64_t p = 0; p < n_pos; p++) {
     float theta = (float)p * freq_scale;
     for (int i = 0; i < half; i++) {
-      cos_out[p * half + i] = std::cos(theta);
-      sin_out[p * half + i] = std::sin(theta);
+      const float t = freq_factors ? theta / freq_factors[i] : theta;
+      cos_out[p * half + i] = std::cos(t);
+      sin_out[p * half + i] = std::sin(t);
       theta *= theta_scale;
     }
   }
@@ -84,18 +86,6 @@ void geglu(float* gate, const float* up, int64_t n) {
 void softcap(float* x, int64_t n, float cap) {
   const float inv = 1.0f / cap;
   for (int64_t i = 0; i < n; i++) x[i] = cap * std::tanh(x[i] * inv);
-}
-
-void softmax(float* x, int64_t n) {
-  float mx = -INFINITY;
-  for (int64_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-  double sum = 0;
-  for (int64_t i = 0; i < n; i++) {
-    x[i] = std::exp(x[i] - mx);
-    sum += x[i];
-  }
-  const float inv = (float)(1.0 / sum);
-  for (int64_t i = 0; i < n; i++) x[i] *= inv;
 }
 
 double log_softmax_at(const float* logits, int64_t n, int64_t id, int64_t* argmax) {

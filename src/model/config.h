@@ -41,6 +41,9 @@ struct ModelConfig {
   float rope_base = 10000.0f;
   float rope_freq_scale = 1.0f;
   RopeMode rope_mode = RopeMode::Adjacent;
+  // [n_rot/2] divisor of each RoPE frequency (Llama 3.1's rope_scaling of type llama3), every layer;
+  // empty: none.
+  std::vector<float> rope_freq_factors;
   bool has_qkv_bias = false;  // qwen2
   bool has_qk_norm = false;   // qwen3 (and gemma3)
   FfnActivation ffn_act = FfnActivation::Silu;

@@ -22,7 +22,8 @@ Forward::Forward(const Model& model, int64_t max_batch, int64_t max_ctx, ThreadP
       if (rope_tables_[i].base == base && rope_tables_[i].freq_scale == scale) return (int)i;
     RopeTable t{base, scale, std::vector<float>((size_t)max_ctx * cfg_.head_dim / 2),
                 std::vector<float>((size_t)max_ctx * cfg_.head_dim / 2)};
-    rope_table(max_ctx, cfg_.head_dim, base, scale, t.cos.data(), t.sin.data());
+    rope_table(max_ctx, cfg_.head_dim, base, scale, t.cos.data(), t.sin.data(),
+               cfg_.rope_freq_factors.empty() ? nullptr : cfg_.rope_freq_factors.data());
     rope_tables_.push_back(std::move(t));
     return (int)rope_tables_.size() - 1;
   };
@@ -104,7 +105,11 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
   if (n == 0) return;
   if (n > max_batch_) throw Error("internal: a step of " + std::to_string(n) + " tokens exceeds the batch size");
   ensure_batch(n);
-  if (seg_row0_.size() < (size_t)n_segs) seg_row0_.resize((size_t)n_segs);
+  if (seg_row0_.size() < (size_t)n_segs) {
+    seg_row0_.resize((size_t)n_segs);
+    readout_dim_.resize((size_t)n_segs);
+    readout_at_.resize((size_t)n_segs);
+  }
   for (int s = 0, row = 0; s < n_segs; s++) {
     seg_row0_[s] = row;
     const int64_t pos0 = segs[s].cache->n_past();
@@ -155,7 +160,26 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
 
   for (int l = 0; l < cfg_.n_layer; l++) {
     const LayerWeights& L = w.layers[l];
-    pool_.parallel_for(n, [&](int64_t t, int) { rmsnorm(&x_[t * E], L.attn_norm, &xn_[t * E], E, cfg_.rms_eps); });
+    // Observers' read-outs of h: segment s's rows at readout_[readout_at_[s] ..], [n][readout_dim_[s]].
+    int64_t readout_total = 0;
+    for (int s = 0; s < n_segs; s++) {
+      readout_dim_[s] = segs[s].observer ? segs[s].observer->h_readout_dim(l) : 0;
+      readout_at_[s] = readout_total;
+      readout_total += segs[s].n * readout_dim_[s];
+    }
+    if ((int64_t)readout_.size() < readout_total) readout_.resize((size_t)readout_total);  // grows once
+    // Contiguous rows per thread: read-out rows are a few floats, and neighbours written by different
+    // threads would share cache lines.
+    pool_.parallel_ranges(n, [&](int64_t t0, int64_t t1, int) {
+      for (int64_t t = t0; t < t1; t++) {
+        rmsnorm(&x_[t * E], L.attn_norm, &xn_[t * E], E, cfg_.rms_eps);
+        if (readout_total == 0) continue;
+        int s = n_segs - 1;
+        while (t < seg_row0_[s]) s--;
+        if (readout_dim_[s] > 0)
+          segs[s].observer->h_readout(l, &xn_[t * E], &readout_[readout_at_[s] + (t - seg_row0_[s]) * readout_dim_[s]]);
+      }
+    });
     {
       const WeightMatrix* ws[3] = {&L.wq, &L.wk, &L.wv};
       float* ys[3] = {q_.data(), k_.data(), v_.data()};
@@ -196,6 +220,7 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
       st.k = &k_[r0 * Dkv];
       st.v = &v_[r0 * Dkv];
       st.pool = &pool_;
+      st.h_readout = readout_dim_[s] > 0 ? &readout_[readout_at_[s]] : nullptr;
       segs[s].cache->set_n_past(pos_[r0] + segs[s].n);  // observers see the sequence length including this step
       segs[s].observer->after_attention(st, *segs[s].cache);
     }
@@ -280,6 +305,9 @@ void Forward::attention(int layer, const ForwardSegment* segs, int n_segs) {
     float* ob = att_out_[tid].data();  // [rows][D]
     int64_t* visible = att_visible_[tid].data();
     int64_t* first = att_first_[tid].data();
+    // An f16 cache rounds queries and probabilities to f16 as llama.cpp does with f16 K/V; an f32 cache
+    // keeps both in f32 (as llama.cpp does with f32 K/V), so nothing is rounded but the sums.
+    const bool f16 = cache.kv_type() == KvType::F16;
     int rows = 0;
     int64_t lo = 0;  // sliding window: first stream entry inside the window of the current token
     for (int64_t t = tk.t0; t < tk.t1; t++) {
@@ -292,13 +320,14 @@ void Forward::attention(int layer, const ForwardSegment* segs, int n_segs) {
         }
       }
       for (int64_t g = tk.g0; g < tk.g1; g++, rows++) {
-        // Queries are rounded to f16 like llama.cpp does before its f16 K dot products.
-        round_rows_f16(&q_[((row0 + t) * H + hk * G + g) * D], qb + rows * D, D, scale);
+        const float* qr = &q_[((row0 + t) * H + hk * G + g) * D];
+        if (f16) round_rows_f16(qr, qb + rows * D, D, scale);
+        else for (int64_t i = 0; i < D; i++) qb[rows * D + i] = qr[i] * scale;
         visible[rows] = n_old + t + 1;  // causal: old entries plus new tokens up to t
         first[rows] = lo;
       }
     }
-    AttentionBlock b{qb, D, rows, visible, ob, D, /*f16_probs=*/true, sliding ? first : nullptr};
+    AttentionBlock b{qb, D, rows, visible, ob, D, /*f16_probs=*/f16, sliding ? first : nullptr};
     attend(b, cache, layer, (int)hk, att_scores_[tid].data(), att_kv_[tid].data());
     rows = 0;
     for (int64_t t = tk.t0; t < tk.t1; t++)

@@ -1,5 +1,9 @@
 // The transformer forward pass over a per-(layer, KV head) cache. One state object owns every scratch
-// buffer, sized once for (max_batch, max_ctx): nothing is allocated per token.
+// buffer and reuses it: the attention scratch is sized for max_ctx at construction, the activation
+// buffers start at min(max_batch, 64) rows and double (up to max_batch) when a larger step comes, and
+// the per-segment and LM-head buffers grow to the largest step seen; so once the largest step has run
+// the forward's own buffers are not reallocated. (KV pages come from the cache's PagePool, which
+// calls the allocator when its free list is empty.)
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -21,6 +25,9 @@ struct LayerStep {
   const float* k = nullptr;      // [n_tok][n_head_kv][head_dim] after RoPE (also stored in the cache)
   const float* v = nullptr;      // [n_tok][n_head_kv][head_dim]
   ThreadPool* pool = nullptr;    // the engine's workers (idle while the observer runs)
+  // [n_tok][observer's h_readout_dim] the observer's read-out of h, computed next to the norm; null when
+  // it asked for none this layer.
+  const float* h_readout = nullptr;
 };
 
 class LayerObserver {
@@ -28,6 +35,12 @@ class LayerObserver {
   virtual ~LayerObserver() = default;
   // Called after the step's attention, before the output projection: the place to evict.
   virtual void after_attention(const LayerStep& step, KvCache& cache) = 0;
+  // Optional: a per-token function of h (a linear scorer's prediction) that the forward evaluates right
+  // after the attention norm writes each row, while the row is still in L1, instead of the observer
+  // reading all of h back from memory after the attention. Width 0 = none. h_readout runs on the
+  // forward's worker threads, one row at a time, so it must be const and thread-safe.
+  virtual int h_readout_dim(int layer) const { (void)layer; return 0; }
+  virtual void h_readout(int layer, const float* h_row, float* out) const { (void)layer, (void)h_row, (void)out; }
 };
 
 enum class LogitsMode { None, Last, All };
@@ -90,7 +103,7 @@ class Forward {
   int64_t max_batch_, max_ctx_;
   int64_t batch_capacity_ = 0;  // tokens the activation buffers currently hold
   MatmulScratch mm_scratch_;
-  // Activations, [max_batch][...]:
+  // Activations, [B][...] with B = batch_capacity_ (<= max_batch):
   std::vector<float> x_;      // [B][n_embd] residual stream
   std::vector<float> xn_;     // [B][n_embd] normed input (= h for the attention block)
   std::vector<float> q_;      // [B][n_head][D]
@@ -102,6 +115,9 @@ class Forward {
   std::vector<float> up_;     // [B][n_ff]
   std::vector<int32_t> pos_;  // [B] position of each row
   std::vector<int64_t> seg_row0_;       // [n_segs] first row of each segment in the step
+  std::vector<int> readout_dim_;        // [n_segs] width of the segment's observer read-out (0 = none)
+  std::vector<int64_t> readout_at_;     // [n_segs] where the segment's read-outs start in readout_
+  std::vector<float> readout_;          // [sum of n * readout_dim] the observers' read-outs of h
   std::vector<AttentionTask> att_tasks_;
   std::vector<float> logits_rows_;      // [n_last][n_vocab] LM-head output of Last segments
   std::vector<int32_t> last_rows_;      // [n_last] rows whose logits are wanted

@@ -65,9 +65,14 @@ const float* vector_f32(const gguf::File& f, const std::string& name, int64_t n,
 
 }  // namespace
 
-std::unique_ptr<Model> Model::load(const std::string& path) {
+std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& opt) {
+  if (hf::is_checkpoint_dir(path)) return load_hf(path, opt);
+  if (opt.quantize != GgmlType::F32)
+    throw Error(path + ": --quantize applies to Hugging Face checkpoint folders (a GGUF file is used as stored)");
   auto m = std::make_unique<Model>();
   m->file_ = gguf::File::open(path);
+  m->weights_path_ = path;
+  m->weights_file_bytes_ = m->file_->file_size();
   const gguf::File& f = *m->file_;
   ModelConfig& c = m->config_;
   c.arch = f.get_string("general.architecture");

@@ -26,6 +26,7 @@ struct ModelWeights {
   WeightMatrix output;               // [n_vocab x n_embd]; aliases token_embd when tied
   std::vector<LayerWeights> layers;
   std::vector<std::vector<float>> owned;  // f32 copies of norm/bias vectors stored as f16/bf16
+  std::vector<std::vector<uint8_t>> owned_bytes;  // matrices re-encoded at load (HF --quantize, unaligned)
 };
 
 }  // namespace kvzap

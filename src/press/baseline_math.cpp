@@ -38,24 +38,31 @@ void zscore_inplace(float* x, int64_t n) {
 
 namespace {
 
+// A stream's keys or values as f32 [len][D], page by page, from either element type.
 template <bool kKeys>
-void stream_f16(const KvCache& cache, int layer, int head, std::vector<float>& out) {
+void stream_rows(const KvCache& cache, int layer, int head, std::vector<float>& out) {
   const int D = cache.head_dim();
   const int64_t len = cache.length(layer, head);
   out.resize((size_t)(len * D));
+  const bool f32 = cache.kv_type() == KvType::F32;
   int64_t i = 0;
   for (int p = 0; p < cache.n_pages(layer, head) && i < len; p++) {
-    const uint16_t* src = kKeys ? cache.page_keys(layer, head, p) : cache.page_values(layer, head, p);
+    const void* src = kKeys ? cache.page_keys_raw(layer, head, p) : cache.page_values_raw(layer, head, p);
     const int64_t m = std::min<int64_t>(KvCache::kPageTokens, len - i);
-    for (int64_t e = 0; e < m * D; e++) out[(size_t)(i * D + e)] = fp16_to_fp32(src[e]);
+    if (f32) {
+      std::memcpy(&out[(size_t)(i * D)], src, (size_t)(m * D) * sizeof(float));
+    } else {
+      const uint16_t* h = (const uint16_t*)src;
+      for (int64_t e = 0; e < m * D; e++) out[(size_t)(i * D + e)] = fp16_to_fp32(h[e]);
+    }
     i += m;
   }
 }
 
 }  // namespace
 
-void stream_keys(const KvCache& cache, int layer, int head, std::vector<float>& out) { stream_f16<true>(cache, layer, head, out); }
-void stream_values(const KvCache& cache, int layer, int head, std::vector<float>& out) { stream_f16<false>(cache, layer, head, out); }
+void stream_keys(const KvCache& cache, int layer, int head, std::vector<float>& out) { stream_rows<true>(cache, layer, head, out); }
+void stream_values(const KvCache& cache, int layer, int head, std::vector<float>& out) { stream_rows<false>(cache, layer, head, out); }
 
 void stream_positions(const KvCache& cache, int layer, int head, std::vector<int32_t>& out) {
   const int64_t len = cache.length(layer, head);
@@ -71,10 +78,7 @@ void stream_positions(const KvCache& cache, int layer, int head, std::vector<int
 
 void stream_key_range(const KvCache& cache, int layer, int head, int64_t first, int64_t n, float* out) {
   const int D = cache.head_dim();
-  for (int64_t i = 0; i < n; i++) {
-    const uint16_t* k = cache.key_at(layer, head, first + i);
-    for (int d = 0; d < D; d++) out[(size_t)(i * D + d)] = fp16_to_fp32(k[d]);
-  }
+  for (int64_t i = 0; i < n; i++) cache.key_row(layer, head, first + i, out + (size_t)(i * D));
 }
 
 namespace {
@@ -148,7 +152,8 @@ void RopeTable::reserve(int64_t n_pos) {
   const int half = cfg_.head_dim / 2;
   cos_.resize((size_t)(n * half));
   sin_.resize((size_t)(n * half));
-  rope_table(n, cfg_.head_dim, cfg_.rope_base, cfg_.rope_freq_scale, cos_.data(), sin_.data());
+  rope_table(n, cfg_.head_dim, cfg_.rope_base, cfg_.rope_freq_scale, cos_.data(), sin_.data(),
+             cfg_.rope_freq_factors.empty() ? nullptr : cfg_.rope_freq_factors.data());
   n_pos_ = n;
 }
 

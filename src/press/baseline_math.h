@@ -1,4 +1,4 @@
-// Arithmetic shared by the kvpress baseline scorers (kvzap-spec.md §6): plain functions on arrays,
+// Arithmetic shared by the kvpress baseline scorers (docs/ALGORITHMS.md §8): plain functions on arrays,
 // each checked against a naive computation in tests/unit/test_baseline_presses.cpp.
 #pragma once
 #include <cstdint>

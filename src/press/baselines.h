@@ -1,4 +1,4 @@
-// The kvpress baseline presses (kvzap-spec.md §6), built from the model's hyper-parameters only so
+// The kvpress baseline presses (docs/ALGORITHMS.md §8), built from the model's hyper-parameters only so
 // tests can run them on hand-built caches. Each lives in its own src/press/scorer_<name>.cpp with its
 // registry line; all are context scorers under the ratio policy.
 //

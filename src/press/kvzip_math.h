@@ -1,6 +1,6 @@
 // The arithmetic shared by the KVzip/KVzip+ scorers (press/scorer_kvzip.cpp) and the KVzap training
 // targets (train/targets.cpp): the value-contribution norms ||W_O^(q) v|| of KVzip+ and the
-// "max over query rows of softmax attention" reduction (spec §1.1, §2.1, §2.2).
+// "max over query rows of softmax attention" reduction (docs/ALGORITHMS.md §2.1, §3, §5.1).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -11,7 +11,7 @@ namespace kvzap {
 class Model;
 class ThreadPool;
 
-// ||W_O^(q) v|| for any value vector v of the KV head serving query head q (spec §2.2 step 4), via
+// ||W_O^(q) v|| for any value vector v of the KV head serving query head q (docs/ALGORITHMS.md §3), via
 // the Gram matrices M_q = W_O^(q)^T W_O^(q) ([D][D], double, from the dequantised W_O):
 // ||W_O^(q) v||^2 = v^T M_q v. Built once per model (about 1 s for SmolLM2-135M).
 class OutputNorms {

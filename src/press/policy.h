@@ -1,4 +1,4 @@
-// The two eviction policies that wrap a Scorer (spec §4.2 threshold + window, §1.4-1.5 fixed ratio).
+// The two eviction policies that wrap a Scorer (docs/ALGORITHMS.md §6 threshold + window, §7 fixed ratio).
 // Declared here, not only behind make_*_press, so tests can drive them with a bare KvCache and
 // hand-built LayerSteps (start_context / finish_context need no Session).
 #pragma once
@@ -26,6 +26,8 @@ class ThresholdPress : public Press {
   void end_context(ContextView& ctx) override { finish_context(ctx.cache); }
   bool prunes_decoding() const override { return decoding_; }
   void after_attention(const LayerStep& step, KvCache& cache) override;
+  int h_readout_dim(int layer) const override { return in_context_ || decoding_ ? scorer_->h_readout_dim(layer) : 0; }
+  void h_readout(int layer, const float* h_row, float* out) const override { scorer_->h_readout(layer, h_row, out); }
   // A copy of the window buffers (per-step scorers are stateless between steps: shared).
   std::unique_ptr<Press> clone() const override { return std::make_unique<ThresholdPress>(*this); }
 
@@ -126,6 +128,8 @@ class RatioPress : public Press {
   void end_context(ContextView& ctx) override;
   bool prunes_decoding() const override { return false; }
   void after_attention(const LayerStep& step, KvCache& cache) override;
+  int h_readout_dim(int layer) const override { return in_context_ && scorer_->per_step() ? scorer_->h_readout_dim(layer) : 0; }
+  void h_readout(int layer, const float* h_row, float* out) const override { scorer_->h_readout(layer, h_row, out); }
 
   void start_context();
   // ctx may be null for per-step scorers and CacheScorers (tests). Returns the number of entries removed.

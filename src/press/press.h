@@ -52,6 +52,11 @@ class Scorer {
   // Optional: see every step of the context prefill (e.g. to keep the last window's queries).
   virtual void observe_step(const LayerStep& step, const KvCache& cache) { (void)step, (void)cache; }
   virtual void reset() {}
+  // Optional, for per-step scorers that are a cheap function of h alone (the linear surrogate): the
+  // forward evaluates it next to the attention norm (LayerObserver::h_readout) and score_step finds the
+  // results in step.h_readout, so h is not read back from memory. Width 0 = not offered.
+  virtual int h_readout_dim(int layer) const { (void)layer; return 0; }
+  virtual void h_readout(int layer, const float* h_row, float* out) const { (void)layer, (void)h_row, (void)out; }
 };
 
 struct PressOptions {

@@ -1,4 +1,4 @@
-// Fixed-ratio policy (spec §1.4-1.5, §6): once the context is prefilled, evict the lowest-scored
+// Fixed-ratio policy (docs/ALGORITHMS.md §7, §8): once the context is prefilled, evict the lowest-scored
 // fraction of its entries — over the whole cache (kvpress KVzip default), per layer, per (layer, head)
 // (kvpress ScorerPress), or AdaKV-style per layer with a per-head safeguard; scorers implementing
 // BudgetSplit (PyramidKV, ChunkKV, AdaKV wrappers) choose the split themselves.

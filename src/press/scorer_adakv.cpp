@@ -1,4 +1,4 @@
-// AdaKV (kvzap-spec.md §6, kvpress AdaKVPress) around any press: per layer the heads share one
+// AdaKV (docs/ALGORITHMS.md §7, §8.14, kvpress AdaKVPress) around any press: per layer the heads share one
 // budget and the lowest scores go wherever they are, but each head keeps at least 20% of its uniform
 // share (RatioScope::AdaKv, press/policy.h). Registered as "adakv_snapkv" and "adakv_compactor"
 // (kvpress leaderboard names); make_press also accepts "adakv_<press>" for any registered press, and

@@ -1,4 +1,4 @@
-// "chunkkv" (kvzap-spec.md §6, kvpress ChunkKVPress(SnapKVPress(), chunk_length=20)): SnapKV scores
+// "chunkkv" (docs/ALGORITHMS.md §8.12, kvpress ChunkKVPress(SnapKVPress(), chunk_length=20)): SnapKV scores
 // summed over the heads of a layer and averaged per chunk of 20 slots (the remainder is one more
 // chunk); the layer keeps its max(1, int(n_chunks * (1 - ratio))) best chunks whole, the same slots
 // in every head. The ratio scope does not apply. The window's +inf scores are replaced by the layer's

@@ -1,4 +1,4 @@
-// "compactor" (kvzap-spec.md §6, kvpress CompactorPress, arXiv 2507.08143): query-agnostic blend of
+// "compactor" (docs/ALGORITHMS.md §8.13, kvpress CompactorPress, arXiv 2507.08143): query-agnostic blend of
 //   * approximate leverage scores of the pre-RoPE keys (cached keys with RoPE undone), centred over the
 //     sequence, through a right Gaussian sketch to 48 dims (sketched_leverage), z-scored over the layer;
 //   * non-causal chunked attention: the context cut into tiles of 256, every query of a tile attends

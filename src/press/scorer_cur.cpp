@@ -1,4 +1,4 @@
-// "cur" (kvzap-spec.md §6, kvpress CURPress, CurDKV): approximate leverage from norms. Per stream,
+// "cur" (docs/ALGORITHMS.md §8.11, kvpress CURPress, CurDKV): approximate leverage from norms. Per stream,
 // k2 = ||k||^2 and v2 = ||v||^2, each normalised to sum 1 within aligned windows of 16 slots (the last
 // window zero-padded); score = k2 * v2 normalised to sum 1 over the stream; the first 4 slots = 1.0.
 // Defaults of kvpress: kv_product, local approximation on, no random projection.

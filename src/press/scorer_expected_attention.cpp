@@ -1,4 +1,4 @@
-// "expected_attention" (kvzap-spec.md §6, kvpress ExpectedAttentionPress): the attention a key should
+// "expected_attention" (docs/ALGORITHMS.md §8.8, kvpress ExpectedAttentionPress): the attention a key should
 // get from future queries, modelled as Gaussian. Per query head, the pre-RoPE queries of the context
 // (positions >= 4) give a mean mu and covariance Sigma (population); the RoPE rotation averaged over
 // the next 512 positions, Rbar, moves them to mu' = Rbar mu, Sigma' = Rbar Sigma Rbar^T. A key k_i (as

@@ -1,4 +1,4 @@
-// "keydiff" (kvzap-spec.md §6, kvpress KeyDiffPress): keep distinctive keys. Per stream, the anchor is
+// "keydiff" (docs/ALGORITHMS.md §8.9, kvpress KeyDiffPress): keep distinctive keys. Per stream, the anchor is
 // the mean of the L2-normalised keys (after RoPE, as cached); score = -cos(k, anchor).
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
-// "knorm" (spec §6, kvpress KnormPress): score = -||k||, so low-norm keys are kept. The norm is taken
-// on the step's keys after RoPE, exactly what the cache stores (before its f16 rounding).
+// "knorm" (docs/ALGORITHMS.md §8.2, kvpress KnormPress): score = -||k||, so low-norm keys are kept. The
+// norm is taken on the step's keys after RoPE, exactly what the cache stores (before its f16 rounding).
 #include <cmath>
 
 #include "press/press.h"

@@ -1,6 +1,6 @@
-// "kvzap-linear" / "kvzap-mlp" (spec §3.1, §4): the layer's surrogate maps each new token's attention
-// input h (post input-RMSNorm) to one predicted log KVzip+ score per KV head. Per-step, so it works
-// in prefill and decoding; meant for the threshold policy (τ ≈ -4 Qwen3, -7 Llama-3.1 in the paper).
+// "kvzap-linear" / "kvzap-mlp" (docs/ALGORITHMS.md §4.1, §6): the layer's surrogate maps each new token's
+// attention input h (post input-RMSNorm) to one predicted log KVzip+ score per KV head. Per-step, so it
+// works in prefill and decoding; meant for the threshold policy (τ ≈ -4 Qwen3, -7 Llama-3.1 in the paper).
 #include <filesystem>
 
 #include "kvzap/error.h"
@@ -28,9 +28,20 @@ class KvzapScorer : public Scorer {
  public:
   explicit KvzapScorer(std::unique_ptr<Surrogate> s) : surrogate_(std::move(s)) {}
   bool per_step() const override { return true; }
+  // The linear surrogate is a read-out of h: the forward runs it next to the norm (one row at a time;
+  // the same bits as predict over a block, see Surrogate.LinearAndMlpPredictMatchReference).
+  int h_readout_dim(int layer) const override { (void)layer; return surrogate_->is_mlp() ? 0 : surrogate_->output_dim(); }
+  void h_readout(int layer, const float* h_row, float* out) const override {
+    surrogate_->predict(layer, h_row, 1, out, nullptr);  // linear: no scratch
+  }
   void score_step(const LayerStep& step, const KvCache& cache, float* out) override {
     const int64_t n = step.n_tok;
     const int H = surrogate_->output_dim();
+    if (step.h_readout && !surrogate_->is_mlp()) {
+      for (int h = 0; h < H; h++)
+        for (int64_t t = 0; t < n; t++) out[(size_t)h * n + t] = step.h_readout[(size_t)t * H + h];
+      return;
+    }
     if (pred_.size() < (size_t)(n * H)) pred_.resize((size_t)(n * H));
     if (step.pool) {
       surrogate_->predict_threaded(step.layer, step.h, n, pred_.data(), *step.pool, scratch_);  // [n][H]

@@ -1,12 +1,12 @@
-// KVzip and KVzip+ (kvzap-spec.md §1.5, §2.3): after the context is prefilled, the model is asked to
+// KVzip and KVzip+ (docs/ALGORITHMS.md §2, §3): after the context is prefilled, the model is asked to
 // repeat it, chunk by chunk, on top of the cache; a context pair's score is the largest attention any
 // query of the repeat input pays it (max over the query heads of its group and over all input rows),
 // with the softmax restricted to sink keys + the chunk's keys + the input's own keys.
 // KVzip+ scales each attention weight by ||W_O^(q) v_i|| / ||h_j|| (the pair's contribution to the
 // residual stream relative to the row's input norm).
 //
-// Deliberate deviation from kvpress: the chat-template prefix (system turn) is protected like the
-// original KVzip code does, instead of being force-evicted because it is never scored (spec §1.5 quirk).
+// Deliberate deviation from kvpress: the chat-template prefix (system turn) is protected like the original
+// KVzip code does, instead of being force-evicted because it is never scored (docs/ALGORITHMS.md §2.3).
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -107,19 +107,16 @@ void KvzipScorer::ChunkObserver::after_attention(const LayerStep& st, KvCache& c
     inverse_row_norms(st.h, n_in, c.n_embd, inv_hnorm.data());
   }
   std::vector<std::vector<float>> dump_k, dump_v, dump_s;
-  std::vector<float> kt((size_t)nk * D), vchunk((size_t)m * D), vnorm, scores((size_t)m);
+  std::vector<float> kt((size_t)nk * D), vchunk((size_t)m * D), vnorm, scores((size_t)m), row((size_t)D);
   if (sc.plus_) vnorm.resize((size_t)G * m);
   auto slot_of = [&](int64_t i) { return i < ns ? i : (i < ns + m ? c0 + (i - ns) : n_ctx + (i - ns - m)); };
   for (int hk = 0; hk < Hkv; hk++) {
     // Keys of the reduced set transposed [D][nk]; values of the chunk [m][D] (all in f32).
     for (int64_t i = 0; i < nk; i++) {
-      const uint16_t* k = cache.key_at(l, hk, slot_of(i));
-      for (int d = 0; d < D; d++) kt[(size_t)d * nk + i] = fp16_to_fp32(k[d]);
+      cache.key_row(l, hk, slot_of(i), row.data());
+      for (int d = 0; d < D; d++) kt[(size_t)d * nk + i] = row[(size_t)d];
     }
-    for (int64_t i = 0; i < m; i++) {
-      const uint16_t* v = cache.value_at(l, hk, c0 + i);
-      for (int d = 0; d < D; d++) vchunk[(size_t)i * D + d] = fp16_to_fp32(v[d]);
-    }
+    for (int64_t i = 0; i < m; i++) cache.value_row(l, hk, c0 + i, &vchunk[(size_t)i * D]);
     // vnorm[g][i] = ||W_O^(q) v_i|| for the chunk columns only (the only ones scored).
     if (sc.plus_)
       pool.parallel_for(G, [&](int64_t g, int) {
@@ -146,12 +143,8 @@ void KvzipScorer::ChunkObserver::after_attention(const LayerStep& st, KvCache& c
     if (dumping) {
       std::vector<float> keys((size_t)nk * D), values((size_t)nk * D);
       for (int64_t i = 0; i < nk; i++) {
-        const uint16_t* k = cache.key_at(l, hk, slot_of(i));
-        const uint16_t* v = cache.value_at(l, hk, slot_of(i));
-        for (int d = 0; d < D; d++) {
-          keys[(size_t)i * D + d] = fp16_to_fp32(k[d]);
-          values[(size_t)i * D + d] = fp16_to_fp32(v[d]);
-        }
+        cache.key_row(l, hk, slot_of(i), &keys[(size_t)i * D]);
+        cache.value_row(l, hk, slot_of(i), &values[(size_t)i * D]);
       }
       dump_k.push_back(std::move(keys));
       dump_v.push_back(std::move(values));

@@ -1,9 +1,9 @@
-// "lagkv" (kvzap-spec.md §6, kvpress LagKVPress): attention-free. After 4 sink slots the stream is cut
-// into partitions of 128; each partition's keys (and values) are min-max normalised per channel by
-// the next partition, the per-token std over channels (Bessel) is softmaxed over the partition, and
-// key and value scores are averaged. The score is the token's rank within its partition / 128 (no
-// cross_scoring). Sinks and the last full partition plus the remainder score 1. A context shorter than
-// 4 + 2*128 keeps kvpress's fallback: sinks 1, then (slot - 4) / (T - 4), i.e. keep the most recent.
+// "lagkv" (docs/ALGORITHMS.md §8.10, kvpress LagKVPress): attention-free. After 4 sink slots the stream is
+// cut into partitions of 128; each partition's keys (and values) are min-max normalised per channel by the
+// next partition, the per-token std over channels (Bessel) is softmaxed over the partition, and key and
+// value scores are averaged. The score is the token's rank within its partition / 128 (no cross_scoring).
+// Sinks and the last full partition plus the remainder score 1. A context shorter than 4 + 2*128 keeps
+// kvpress's fallback: sinks 1, then (slot - 4) / (T - 4), i.e. keep the most recent.
 // Deviation: a channel constant over a reference partition normalises to 0 instead of NaN.
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-// "observed_attention" (kvzap-spec.md §6, kvpress ObservedAttentionPress, H2O-like): the attention
+// "observed_attention" (docs/ALGORITHMS.md §8.7, kvpress ObservedAttentionPress, H2O-like): the attention
 // each key receives from every query of the context prefill, summed and divided by the number of
 // queries that can see it (T - i), averaged over the G query heads of its KV head. kvpress reads the
 // eager attention weights; here each prefill step's queries are re-attended to the cache as it stands

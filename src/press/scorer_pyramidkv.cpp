@@ -1,4 +1,4 @@
-// "pyramidkv" (kvzap-spec.md §6, kvpress PyramidKVPress): SnapKV scores, but lower layers keep more
+// "pyramidkv" (docs/ALGORITHMS.md §8.5, kvpress PyramidKVPress): SnapKV scores, but lower layers keep more
 // entries than higher ones. Layer l keeps the same count per head, pyramid_layer_budget(); the ratio
 // scope does not apply.
 #include <cmath>

@@ -1,4 +1,4 @@
-// "random" (spec §6, kvpress RandomPress): uniform scores in [0, 1). Each score is a hash of
+// "random" (docs/ALGORITHMS.md §8.1, kvpress RandomPress): uniform scores in [0, 1). Each score is a hash of
 // (seed, layer, head, position), so it does not depend on how the tokens were split into steps.
 #include "eval/rng.h"
 #include "press/press.h"

@@ -1,4 +1,4 @@
-// "snapkv" (kvzap-spec.md §6, kvpress SnapKVPress): the last 64 queries of the context vote for the
+// "snapkv" (docs/ALGORITHMS.md §8.4, kvpress SnapKVPress): the last 64 queries of the context vote for the
 // keys they attend to; votes are smoothed over 5 neighbouring positions. See press/baselines.h.
 #include <algorithm>
 #include <cmath>

@@ -1,8 +1,8 @@
-// "streaming_llm" (spec §6, kvpress StreamingLLMPress): keep the first 4 tokens (attention sinks) and
-// the most recent ones. As a context scorer: sinks score +inf, every other entry its position, so the
-// lowest scores are the oldest non-sink tokens. With scope "head" every stream keeps its 4 sinks and
-// its most recent tokens; "global" and "layer" give the same result up to rounding, since every
-// stream holds the same positions.
+// "streaming_llm" (docs/ALGORITHMS.md §8.3, kvpress StreamingLLMPress): keep the first 4 tokens (attention
+// sinks) and the most recent ones. As a context scorer: sinks score +inf, every other entry its position,
+// so the lowest scores are the oldest non-sink tokens. With scope "head" every stream keeps its 4 sinks
+// and its most recent tokens; "global" and "layer" give the same result up to rounding, since every stream
+// holds the same positions.
 #include <limits>
 
 #include "press/press.h"

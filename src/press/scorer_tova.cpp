@@ -1,4 +1,4 @@
-// "tova" (kvzap-spec.md §6, kvpress TOVAPress): the attention the context's last token pays each
+// "tova" (docs/ALGORITHMS.md §8.6, kvpress TOVAPress): the attention the context's last token pays each
 // earlier key, averaged over all query heads of the layer and shared by every KV head; the last token
 // itself scores +inf.
 #include <algorithm>

@@ -1,6 +1,6 @@
-// KVzap surrogate (spec §3.1, §3.6): one small model per transformer layer that maps the layer's
-// attention input h (post input-RMSNorm, [D_h]) to predicted natural-log KVzip+ scores, one per KV
-// head ([H]). Linear: y = W h + b. MLP: y = W2 GELU(W1 h + b1) + b2 with exact (erf) GELU and
+// KVzap surrogate (docs/ALGORITHMS.md §4.1, §4.2): one small model per transformer layer that maps the
+// layer's attention input h (post input-RMSNorm, [D_h]) to predicted natural-log KVzip+ scores, one
+// per KV head ([H]). Linear: y = W h + b. MLP: y = W2 GELU(W1 h + b1) + b2 with exact (erf) GELU and
 // hidden width D_h/8 in the paper's checkpoints (any width is accepted here).
 //
 // On disk it is a kvpress/HF folder: config.json {"model_type":"kvzap", "input_dim", "output_dim",

@@ -1,4 +1,4 @@
-// Threshold policy (spec §4.2, kvpress DMSPress), evicting for real: an entry is removed from its
+// Threshold policy (docs/ALGORITHMS.md §6, kvpress DMSPress), evicting for real: an entry is removed from its
 // (layer, head) stream once its token has left the window of the `window` most recent tokens and its
 // score is below the threshold. Eviction runs after the step's attention, so every token of a step
 // first attends to the whole step.

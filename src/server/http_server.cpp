@@ -285,7 +285,8 @@ void HttpServer::Impl::routes() {
     const ModelConfig& c = model->config();
     json m = {{"id", opt.model_id}, {"object", "model"}, {"created", (int64_t)started}, {"owned_by", "kvzap"},
               {"meta", {{"arch", c.arch}, {"n_ctx", engine->n_ctx()}, {"n_ctx_train", c.n_ctx_train}, {"n_vocab", c.n_vocab},
-                        {"n_layer", c.n_layer}, {"n_head_kv", c.n_head_kv}, {"kv_budget_bytes", engine->pages().budget_bytes()}}}};
+                        {"n_layer", c.n_layer}, {"n_head_kv", c.n_head_kv}, {"kv_budget_bytes", engine->pages().budget_bytes()},
+                        {"kv_type", kv_type_name(engine->kv_type())}}}};
     send_json(res, 200, {{"object", "list"}, {"data", json::array({m})}});
   });
   http.Get("/v1/models", models);

@@ -171,14 +171,4 @@ PreTokenizer pre_tokenizer_from_name(const std::string& name) {
               "' (tokenizer.ggml.pre; supported: smollm, llama-bpe, llama3, qwen2, gpt-2, default)");
 }
 
-const char* pre_tokenizer_name(PreTokenizer pre) {
-  switch (pre) {
-    case PreTokenizer::Smollm: return "smollm";
-    case PreTokenizer::Llama3: return "llama-bpe";
-    case PreTokenizer::Qwen2: return "qwen2";
-    case PreTokenizer::Gpt2: return "gpt-2";
-  }
-  return "?";
-}
-
 }  // namespace kvzap::tok

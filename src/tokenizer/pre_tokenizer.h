@@ -24,6 +24,5 @@ std::vector<std::string> pre_tokenize(PreTokenizer pre, std::string_view text);
 
 // Name in tokenizer.ggml.pre -> PreTokenizer; throws kvzap::Error naming an unknown value.
 PreTokenizer pre_tokenizer_from_name(const std::string& name);
-const char* pre_tokenizer_name(PreTokenizer pre);
 
 }  // namespace kvzap::tok

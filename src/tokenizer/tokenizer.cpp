@@ -62,6 +62,7 @@ struct Fragment {
 struct Tokenizer::Impl {
   int32_t n_vocab = 0;
   bool spm = false;            // SentencePiece vocabulary (spm.h)
+  bool spm_ranked = false;     // ... merged by rank (tokenizer.json), not by score
   tok::SpmVocab spm_vocab;
   PreTokenizer pre = PreTokenizer::Smollm;
   bool ignore_merges = false;  // Llama 3: a piece that is a whole vocab entry is not merged
@@ -98,6 +99,8 @@ struct Tokenizer::Impl {
                                   bool add_bos) const;
   void bpe_piece(std::string_view piece, const TokenizerVocab& v, std::vector<Symbol>& syms,
                  std::vector<Bigram>& heap, std::vector<int32_t>& out) const;
+  void apply_merges(std::vector<Symbol>& syms, std::vector<Bigram>& heap) const;
+  void spm_ranked_piece(std::string_view escaped, std::vector<int32_t>& out) const;
 };
 
 Tokenizer::Tokenizer(TokenizerVocab vocab) : impl_(std::make_shared<Impl>()), vocab_(std::move(vocab)) {
@@ -111,12 +114,13 @@ Tokenizer::Tokenizer(TokenizerVocab vocab) : impl_(std::make_shared<Impl>()), vo
   for (int32_t id : {v.bos_id, v.eos_id, v.eot_id, v.unk_id, v.pad_id})
     if (id >= m.n_vocab) throw Error("special token id " + std::to_string(id) + " is outside the vocabulary");
   m.spm = v.kind == TokenizerKind::SentencePiece;
-  if (m.spm && v.scores.size() != v.tokens.size())
+  m.spm_ranked = m.spm && !v.merges.empty();
+  if (m.spm && !m.spm_ranked && v.scores.size() != v.tokens.size())
     throw Error("tokenizer has " + std::to_string(v.tokens.size()) + " tokens but " + std::to_string(v.scores.size()) +
                 " scores");
   m.pre = v.pre;
-  m.ignore_merges = v.pre == PreTokenizer::Llama3;
-  m.nfc = v.pre == PreTokenizer::Qwen2;
+  m.ignore_merges = v.ignore_merges.value_or(v.pre == PreTokenizer::Llama3);
+  m.nfc = v.nfc.value_or(v.pre == PreTokenizer::Qwen2);
 
   m.text_to_id.reserve(v.tokens.size());
   for (int32_t id = 0; id < m.n_vocab; ++id) m.text_to_id[v.tokens[id]] = id;
@@ -174,14 +178,16 @@ Tokenizer::Tokenizer(TokenizerVocab vocab) : impl_(std::make_shared<Impl>()), vo
       if (it == m.text_to_id.end()) it = m.text_to_id.find(std::string(1, (char)b));
       m.spm_vocab.byte_token[b] = it == m.text_to_id.end() ? -1 : it->second;
     }
-    return;
+    if (!m.spm_ranked) return;
   }
 
-  for (int b = 0; b < 256; ++b) {
-    std::string s;
-    tok::append_byte_level(s, (uint8_t)b);
-    m.byte_symbol[b] = m.symbol_id(s);
-  }
+  if (!m.spm)
+    for (int b = 0; b < 256; ++b) {
+      std::string s;
+      tok::append_byte_level(s, (uint8_t)b);
+      m.byte_symbol[b] = m.symbol_id(s);
+    }
+
   m.merges.reserve(v.merges.size());
   for (size_t rank = 0; rank < v.merges.size(); ++rank) {
     const std::string& line = v.merges[rank];
@@ -190,6 +196,8 @@ Tokenizer::Tokenizer(TokenizerVocab vocab) : impl_(std::make_shared<Impl>()), vo
     const std::string left = line.substr(0, sp), right = line.substr(sp + 1);
     const int32_t l = m.symbol_id(left), r = m.symbol_id(right);
     const int32_t result = m.symbol_id(left + right);
+    if (m.spm_ranked && (l >= m.n_vocab || r >= m.n_vocab || result >= m.n_vocab))
+      throw Error("BPE merge #" + std::to_string(rank) + " '" + line + "' names a token that is not in the vocabulary");
     m.merges.emplace(pair_key(l, r), Merge{(int32_t)rank, result});  // first (lowest) rank wins
   }
 }
@@ -322,6 +330,24 @@ void Tokenizer::Impl::bpe_piece(std::string_view piece, const TokenizerVocab& v,
   const int32_t n = (int32_t)piece.size();
   syms.resize(n);
   for (int32_t i = 0; i < n; ++i) syms[i] = {byte_symbol[(uint8_t)piece[i]], i - 1, i + 1 < n ? i + 1 : -1};
+  apply_merges(syms, heap);
+  for (int32_t i = 0; i >= 0; i = syms[i].next) {
+    const int32_t id = syms[i].id;
+    if (id < n_vocab) {
+      out.push_back(id);
+      continue;
+    }
+    // Not a vocab entry (only in an inconsistent vocab): emit whatever single characters exist,
+    // as llama.cpp does.
+    for (char c : symbol_text(id, v)) {
+      if (auto it = text_to_id.find(std::string(1, c)); it != text_to_id.end()) out.push_back(it->second);
+    }
+  }
+}
+
+// Rank-ordered merges over a linked run of symbols: the lowest-ranked adjacent pair first, ties to the
+// leftmost (HF's BPE word merge).
+void Tokenizer::Impl::apply_merges(std::vector<Symbol>& syms, std::vector<Bigram>& heap) const {
   heap.clear();
   auto add_bigram = [&](int32_t left, int32_t right) {
     if (left < 0 || right < 0) return;
@@ -330,7 +356,7 @@ void Tokenizer::Impl::bpe_piece(std::string_view piece, const TokenizerVocab& v,
     heap.push_back({it->second.rank, left, right, syms[left].id, syms[right].id, it->second.result});
     std::push_heap(heap.begin(), heap.end(), bigram_after);
   };
-  for (int32_t i = 1; i < n; ++i) add_bigram(i - 1, i);
+  for (int32_t i = 1; i < (int32_t)syms.size(); ++i) add_bigram(i - 1, i);
   while (!heap.empty()) {
     std::pop_heap(heap.begin(), heap.end(), bigram_after);
     const Bigram b = heap.back();
@@ -345,18 +371,43 @@ void Tokenizer::Impl::bpe_piece(std::string_view piece, const TokenizerVocab& v,
     add_bigram(l.prev, b.left);
     add_bigram(b.left, l.next);
   }
-  for (int32_t i = 0; i >= 0; i = syms[i].next) {
-    const int32_t id = syms[i].id;
-    if (id < n_vocab) {
-      out.push_back(id);
-      continue;
+}
+
+// tokenizer.json's SentencePiece-style BPE: characters (a character without a vocab entry becomes its
+// <0xXX> byte tokens, or one unknown token for a run of them), then merges by rank.
+void Tokenizer::Impl::spm_ranked_piece(std::string_view text, std::vector<int32_t>& out) const {
+  if (text.empty()) return;
+  std::vector<Symbol> syms;
+  syms.reserve(text.size());
+  auto push = [&](int32_t id) {
+    const int32_t i = (int32_t)syms.size();
+    syms.push_back({id, i - 1, -1});
+    if (i > 0) syms[i - 1].next = i;
+  };
+  bool prev_unk = false;
+  for (size_t off = 0; off < text.size();) {
+    const size_t n = std::min(tok::utf8_sequence_length(text, off), text.size() - off);
+    const size_t len = n == 0 ? 1 : n;
+    if (auto it = text_to_id.find(std::string(text.substr(off, len))); it != text_to_id.end()) {
+      push(it->second);
+      prev_unk = false;
+    } else {
+      bool all_bytes = true;
+      for (size_t i = 0; i < len; i++) all_bytes = all_bytes && spm_vocab.byte_token[(uint8_t)text[off + i]] >= 0;
+      if (all_bytes) {
+        for (size_t i = 0; i < len; i++) push(spm_vocab.byte_token[(uint8_t)text[off + i]]);
+        prev_unk = false;
+      } else if (spm_vocab.unk_id >= 0 && !prev_unk) {  // fuse_unk: one unknown token for a run
+        push(spm_vocab.unk_id);
+        prev_unk = true;
+      }
     }
-    // Not a vocab entry (only in an inconsistent vocab): emit whatever single characters exist,
-    // as llama.cpp does.
-    for (char c : symbol_text(id, v)) {
-      if (auto it = text_to_id.find(std::string(1, c)); it != text_to_id.end()) out.push_back(it->second);
-    }
+    off += len;
   }
+  if (syms.empty()) return;
+  std::vector<Bigram> heap;
+  apply_merges(syms, heap);
+  for (int32_t i = 0; i >= 0; i = syms[i].next) out.push_back(syms[i].id);
 }
 
 // SentencePiece: raw fragments are escaped and merged by score; a fragment that follows BOS or a special
@@ -375,7 +426,8 @@ std::vector<int32_t> Tokenizer::Impl::encode_spm(std::string_view text, const st
     }
     std::string raw = v.add_space_prefix && prev_special ? " " : "";
     raw += text.substr(f.offset, f.length);
-    tok::spm_tokenize(tok::spm_escape_whitespace(raw), spm_vocab, out);
+    if (spm_ranked) spm_ranked_piece(tok::spm_escape_whitespace(raw), out);
+    else tok::spm_tokenize(tok::spm_escape_whitespace(raw), spm_vocab, out);
     prev_special = false;
   }
   if (add_bos && v.add_eos && v.eos_id >= 0) out.push_back(v.eos_id);

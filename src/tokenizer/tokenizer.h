@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -20,8 +21,13 @@ struct TokenizerVocab {
   // (spaces as U+2581, bytes as <0xXX> tokens of type 6).
   std::vector<std::string> tokens;
   std::vector<int32_t> token_types;    // 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte
-  std::vector<std::string> merges;     // "left right", index = rank (ByteLevelBpe)
-  std::vector<float> scores;           // [n_vocab] merge priority (SentencePiece)
+  // "left right", index = rank (ByteLevelBpe; SentencePiece from tokenizer.json: merges by rank over
+  // characters with <0xXX> byte fallback, as HF's BPE model, instead of by score)
+  std::vector<std::string> merges;
+  std::vector<float> scores;           // [n_vocab] merge priority (SentencePiece from GGUF)
+  // Set by tokenizer.json (tokenizer_json.h); GGUF vocabularies derive both from `pre` (Llama 3 ignores
+  // merges for a piece that is a whole vocab entry; Qwen2 normalises to NFC).
+  std::optional<bool> ignore_merges, nfc;
   PreTokenizer pre = PreTokenizer::Smollm;
   int32_t bos_id = -1, eos_id = -1, eot_id = -1, unk_id = -1, pad_id = -1;
   bool add_bos = false;

@@ -1,5 +1,5 @@
 // Surrogate training pairs (h, y): for every sampled token, the post-input-RMSNorm attention input
-// h of every layer and the KVzip+ log-score y of every KV head of every layer (spec §2.2 step 8).
+// h of every layer and the KVzip+ log-score y of every KV head of every layer (docs/ALGORITHMS.md §5.1).
 //
 // File format ".kvzd" (little-endian), built for resumable collection:
 //   header, 64 bytes:

@@ -1,5 +1,5 @@
-// Surrogate accuracy (spec §3.5): squared Pearson correlation ("R²" in the paper) between true and
-// predicted log-scores, per (layer, KV head), then averaged over all L*H heads.
+// Surrogate accuracy (docs/ALGORITHMS.md §5.5): squared Pearson correlation ("R²" in the paper) between
+// true and predicted log-scores, per (layer, KV head), then averaged over all L*H heads.
 #pragma once
 #include <cstdint>
 #include <vector>

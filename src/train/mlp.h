@@ -1,4 +1,4 @@
-// KVzap-MLP training (spec §3.4): one D_h -> hidden -> H MLP (exact GELU) per layer, all layers
+// KVzap-MLP training (docs/ALGORITHMS.md §5.4): one D_h -> hidden -> H MLP (exact GELU) per layer, all layers
 // trained together as one network with loss = MSE averaged over samples x layers x heads, as skorch
 // does for kvpress's KVzapModel: AdamW (decoupled weight decay on every parameter), cosine-annealed
 // learning rate stepped per epoch, global gradient-norm clipping over all layers' parameters,
@@ -6,8 +6,8 @@
 // ValidSplit(0.05): those pairs are not trained on). Weights are initialised like PyTorch Linear.
 // Layers run in parallel on a ThreadPool; the result depends only on the seed, never on the thread
 // count (each layer's arithmetic runs on one thread, cross-layer sums run in layer order).
-// Arithmetic is fp32 (the reference moves the module to the data dtype, bf16, before training; spec
-// §3.4 expects small R² differences from that).
+// Arithmetic is fp32 (the reference moves the module to the data dtype, bf16, before training;
+// docs/ALGORITHMS.md §5.4 expects small R² differences from that).
 #pragma once
 #include <cstdint>
 #include <functional>

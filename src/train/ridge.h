@@ -1,5 +1,5 @@
-// KVzap-Linear training (spec §3.3): per layer, multi-output ridge regression with intercept and
-// alpha = 1, i.e. scikit-learn Ridge() semantics: centre X and y, solve
+// KVzap-Linear training (docs/ALGORITHMS.md §5.3): per layer, multi-output ridge regression with intercept
+// and alpha = 1, i.e. scikit-learn Ridge() semantics: centre X and y, solve
 // (Xc^T Xc + alpha I) W = Xc^T yc, intercept = mean(y) - mean(x) W; alpha does not touch the
 // intercept. Statistics are accumulated in double in one streaming pass (chunk-centred scatter
 // matrices merged pairwise, Chan et al.), then solved by Cholesky in double.

@@ -1,4 +1,4 @@
-// KVzip+ training targets for the KVzap surrogates (kvzap-spec.md §2.2, §3.2) and the resumable
+// KVzip+ training targets for the KVzap surrogates (docs/ALGORITHMS.md §5.1, §5.2) and the resumable
 // collection loop behind `kvzap collect`.
 //
 // For a text t (whitespace-stripped), the model reads the two-turn conversation

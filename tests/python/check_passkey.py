@@ -46,7 +46,9 @@ def main():
         ef, kv, full = r["evicted_fraction"], r["kv_bytes"], r["kv_bytes_full"]
         detail = f"answer {text!r}, evicted {ef:.3f}, KV {kv/1e6:.2f} MB of {full/1e6:.2f} MB"
         if must_find is None:
-            print(f"INFO {label}: {'found' if found else 'lost'} the key; {detail}")
+            # Reported, not asserted: with one global budget KVzip may spend it unevenly across layers,
+            # and whether the key survives on this small model is a measurement, not a requirement.
+            print(f"INFO (not asserted) {label}: {'found' if found else 'lost'} the key; {detail}")
         else:
             check(f"{label} {'finds' if must_find else 'loses'} the pass key", found == must_find, detail)
         expected = (1 - ef) * full

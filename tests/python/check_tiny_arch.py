@@ -8,7 +8,8 @@ qwen3), scores an ASCII text with `kvzap perplexity --jsonl` and compares every 
 log-prob and top-1 with an independent NumPy forward pass (tiny_models.py):
   - F32 weights, whole windows per step;
   - F32 weights, 7 tokens per step (-b 7: attention over cached pages from earlier steps);
-  - F16 weights (the reference uses the same f16-rounded weights);
+  - F16 weights (the reference uses the same f16-rounded weights and, as ggml does for F16 weights,
+    rounds each matrix product's input to f16);
   - F16 weights with KVZAP_ISA=scalar (the portable matmul kernels);
   - negative controls: the reference with the other RoPE pairing (adjacent <-> half-split) must NOT
     match, which proves the comparison is sensitive to the pairing the architecture uses; likewise a
@@ -144,7 +145,7 @@ def main():
                 report(ok, f"{a} tokenize", f"{len(ids)} tokens, {sum(i >= 256 for i in body)} of them merges"
                        if ok else f"ids do not spell the text (or too few): {ids[:20]}..")
                 ref32 = tm.reference_predictions(spec, w32, ids, WINDOW, right)
-                ref16 = tm.reference_predictions(spec, w16, ids, WINDOW, right)
+                ref16 = tm.reference_predictions(spec, w16, ids, WINDOW, right, act_f16=True)
                 rows = score(binary, m32, text_file, tmp, f"{a}-f32")
                 check(f"{a} F32", rows, ref32)
                 rows_b7 = score(binary, m32, text_file, tmp, f"{a}-f32-b7", ["-b", "7"])

@@ -35,11 +35,11 @@ def server(tmp_path_factory):
     (slots / "corrupt.kvc").write_bytes(bytes(corrupt))
     foreign = bytearray(good)
     foreign[16] ^= 0x5A  # the model fingerprint; the header checksum is resealed so the model check is what fails
-    foreign[128:136] = hashlib.sha256(bytes(foreign[:128])).digest()[:8]
+    foreign[132:140] = hashlib.sha256(bytes(foreign[:132])).digest()[:8]  # version 2 header: checksum at 132
     (slots / "foreign.kvc").write_bytes(bytes(foreign))
     size = bytearray(good)
-    size[88:96] = (len(good) * 2).to_bytes(8, "little")  # payload size field
-    size[128:136] = hashlib.sha256(bytes(size[:128])).digest()[:8]
+    size[92:100] = (len(good) * 2).to_bytes(8, "little")  # payload size field (after the kv type)
+    size[132:140] = hashlib.sha256(bytes(size[:132])).digest()[:8]
     (slots / "badsize.kvc").write_bytes(bytes(size))
     yield s
     assert s.stop() == 0, s.log_text()

@@ -219,10 +219,13 @@ def rmsnorm(x, gain, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * gain
 
 
-def forward_logits(spec: TinySpec, w, ids, rope_mode, ablate=()):
+def forward_logits(spec: TinySpec, w, ids, rope_mode, ablate=(), act_f16=False):
     """Logits [T][n_vocab] (float64) of one window that starts from an empty cache at position 0.
     ablate: deliberate mistakes for negative controls: "bias" (skip the Q/K/V biases), "qk_norm" (skip
-    the per-head q/k RMSNorm), "gqa" (query head h reads KV head h % n_head_kv instead of h / group)."""
+    the per-head q/k RMSNorm), "gqa" (query head h reads KV head h % n_head_kv instead of h / group).
+    act_f16: round the input of every weight matrix product to f16, as ggml (and kvzap) do for F16
+    weights (their vec_dot type is F16)."""
+    act = f16 if act_f16 else (lambda a: a)
     T = len(ids)
     H, Hkv, D = spec.n_head, spec.n_head_kv, spec.head_dim
     G = H // Hkv
@@ -233,9 +236,9 @@ def forward_logits(spec: TinySpec, w, ids, rope_mode, ablate=()):
     for l in range(spec.n_layer):
         p = f"blk.{l}."
         xn = rmsnorm(x, w[p + "attn_norm.weight"], eps)
-        q = xn @ w[p + "attn_q.weight"].T
-        k = xn @ w[p + "attn_k.weight"].T
-        v = xn @ w[p + "attn_v.weight"].T
+        q = act(xn) @ w[p + "attn_q.weight"].T
+        k = act(xn) @ w[p + "attn_k.weight"].T
+        v = act(xn) @ w[p + "attn_v.weight"].T
         if spec.qkv_bias and "bias" not in ablate:
             q = q + w[p + "attn_q.bias"]
             k = k + w[p + "attn_k.bias"]
@@ -257,13 +260,13 @@ def forward_logits(spec: TinySpec, w, ids, rope_mode, ablate=()):
             s = np.exp(s - s.max(axis=1, keepdims=True))
             prob = f16(s / s.sum(axis=1, keepdims=True))  # probabilities rounded to f16 before P.V
             att[:, h, :] = prob @ v[:, hk, :]
-        x = x + att.reshape(T, H * D) @ w[p + "attn_output.weight"].T
+        x = x + act(att.reshape(T, H * D)) @ w[p + "attn_output.weight"].T
         xn = rmsnorm(x, w[p + "ffn_norm.weight"], eps)
-        g = xn @ w[p + "ffn_gate.weight"].T
-        u = xn @ w[p + "ffn_up.weight"].T
-        x = x + (g / (1.0 + np.exp(-g)) * u) @ w[p + "ffn_down.weight"].T
+        g = act(xn) @ w[p + "ffn_gate.weight"].T
+        u = act(xn) @ w[p + "ffn_up.weight"].T
+        x = x + act(g / (1.0 + np.exp(-g)) * u) @ w[p + "ffn_down.weight"].T
     out = w.get("output.weight", w["token_embd.weight"])
-    return rmsnorm(x, w["output_norm.weight"], eps) @ out.T
+    return act(rmsnorm(x, w["output_norm.weight"], eps)) @ out.T
 
 
 def log_softmax(z):
@@ -271,7 +274,7 @@ def log_softmax(z):
     return z - m - np.log(np.exp(z - m).sum(axis=-1, keepdims=True))
 
 
-def reference_predictions(spec: TinySpec, w, ids, window, rope_mode, ablate=()):
+def reference_predictions(spec: TinySpec, w, ids, window, rope_mode, ablate=(), act_f16=False):
     """{pos: (logprob of ids[pos], logits row that predicted it)} for every predicted token, cutting ids
     into consecutive windows of `window` tokens that each start from an empty cache (like
     `kvzap perplexity --window`)."""
@@ -280,7 +283,7 @@ def reference_predictions(spec: TinySpec, w, ids, window, rope_mode, ablate=()):
         chunk = ids[w0:w0 + window]
         if len(chunk) < 2:
             continue
-        logits = forward_logits(spec, w, chunk, rope_mode, ablate)
+        logits = forward_logits(spec, w, chunk, rope_mode, ablate, act_f16)
         lp = log_softmax(logits)
         for t in range(len(chunk) - 1):
             out[w0 + t + 1] = (float(lp[t, chunk[t + 1]]), logits[t])

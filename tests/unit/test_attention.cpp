@@ -1,6 +1,8 @@
-// The paged attention kernel against a double-precision scalar reference, over ragged causal rows.
+// The paged attention kernel against a double-precision scalar reference, over ragged causal rows, for
+// f16 and f32 pages.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -11,8 +13,8 @@
 namespace kvzap {
 namespace {
 
-void check_attention(int head_dim, int64_t n_entries, int rows, bool f16_probs = false) {
-  KvCache cache(1, 2, head_dim);
+void check_attention(int head_dim, int64_t n_entries, int rows, bool f16_probs = false, KvType type = KvType::F16) {
+  KvCache cache(1, 2, head_dim, nullptr, type);
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> k(head_dim), v(head_dim);
@@ -36,10 +38,51 @@ void check_attention(int head_dim, int64_t n_entries, int rows, bool f16_probs =
   for (size_t i = 0; i < out.size(); i++) ASSERT_NEAR(out[i], ref[i], 2e-5f + 2e-5f * std::fabs(ref[i])) << "at " << i;
 }
 
+// An f32 cache holds the keys and values unrounded: attention over it agrees with a double-precision
+// computation from the f32 inputs themselves, where an f16 cache is off by the f16 rounding.
+double f32_cache_error(KvType type) {
+  const int D = 64, n = 150;
+  KvCache cache(1, 1, D, nullptr, type);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> keys((size_t)n * D), values((size_t)n * D), q(D);
+  for (auto& x : keys) x = nd(rng);
+  for (auto& x : values) x = nd(rng);
+  for (auto& x : q) x = nd(rng) * 0.4f;
+  for (int i = 0; i < n; i++) cache.append(0, 0, &keys[(size_t)i * D], &values[(size_t)i * D], i);
+  std::vector<double> s(n), o(D, 0.0);
+  double mx = -1e300, sum = 0;
+  for (int j = 0; j < n; j++) {
+    double acc = 0;
+    for (int i = 0; i < D; i++) acc += (double)q[i] * keys[(size_t)j * D + i];
+    mx = std::max(mx, s[j] = acc);
+  }
+  for (int j = 0; j < n; j++) sum += (s[j] = std::exp(s[j] - mx));
+  for (int j = 0; j < n; j++)
+    for (int i = 0; i < D; i++) o[i] += s[j] / sum * values[(size_t)j * D + i];
+  std::vector<float> out(D), scores(n), page((size_t)KvCache::kPageTokens * D);
+  int64_t vis = n;
+  attend({q.data(), D, 1, &vis, out.data(), D}, cache, 0, 0, scores.data(), page.data());
+  double worst = 0;
+  for (int i = 0; i < D; i++) worst = std::max(worst, std::fabs(out[i] - o[i]));
+  return worst;
+}
+
 TEST(Attention, MatchesReferenceHead64) { check_attention(64, 200, 9); }
 TEST(Attention, MatchesReferenceWithF16Probabilities) { check_attention(64, 300, 6, true); }
 TEST(Attention, MatchesReferenceHead128PartialPage) { check_attention(128, 37, 5); }
 TEST(Attention, SingleEntry) { check_attention(64, 1, 1); }
+TEST(Attention, F32PagesMatchReference) {
+  check_attention(64, 200, 9, false, KvType::F32);
+  check_attention(128, 37, 5, false, KvType::F32);
+  check_attention(64, 1, 1, false, KvType::F32);
+  check_attention(40, 70, 4, false, KvType::F32);  // a head size the AVX-512 kernels do not take
+}
+TEST(Attention, F32PagesAreExactWhereF16PagesRound) {
+  const double e32 = f32_cache_error(KvType::F32), e16 = f32_cache_error(KvType::F16);
+  EXPECT_LT(e32, 2e-6);
+  EXPECT_GT(e16, 10 * e32);
+}
 
 TEST(Attention, EveryIsaMatchesTheReference) {
   // The AVX-512 kernels and the portable path, chosen by the one ISA switch the matmuls use.
@@ -51,14 +94,17 @@ TEST(Attention, EveryIsaMatchesTheReference) {
     check_attention(64, 200, 9);
     check_attention(64, 300, 6, true);
     check_attention(128, 37, 5);
+    check_attention(64, 200, 9, false, KvType::F32);
+    check_attention(128, 37, 5, false, KvType::F32);
+    EXPECT_LT(f32_cache_error(KvType::F32), 2e-6);
   }
   set_active_isa(before);
 }
 
-TEST(Attention, AfterEvictionSeesOnlyKeptEntries) {
+void check_eviction(KvType type) {
   // Evicting entries must change the result exactly as if they had never been appended.
   const int D = 64;
-  KvCache a(1, 1, D), b(1, 1, D);
+  KvCache a(1, 1, D, nullptr, type), b(1, 1, D, nullptr, type);
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> k(D), v(D);
@@ -79,6 +125,9 @@ TEST(Attention, AfterEvictionSeesOnlyKeptEntries) {
   attend({q.data(), D, 1, &vis, ob.data(), D}, b, 0, 0, scores.data(), page.data());
   for (int i = 0; i < D; i++) EXPECT_EQ(oa[i], ob[i]);
 }
+
+TEST(Attention, AfterEvictionSeesOnlyKeptEntries) { check_eviction(KvType::F16); }
+TEST(Attention, AfterEvictionSeesOnlyKeptEntriesF32) { check_eviction(KvType::F32); }
 
 }  // namespace
 }  // namespace kvzap

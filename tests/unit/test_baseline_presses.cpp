@@ -1,7 +1,7 @@
 // Tests of the kvpress baseline presses (src/press/scorer_*.cpp, press/baselines.h). Each scorer runs
 // on a small hand-built context (random queries, keys and values fed step by step into a bare
 // KvCache, as Forward::step does) and its scores are compared with a naive recomputation of the
-// press's definition written out here in double precision (kvzap-spec.md §6). The last group runs
+// press's definition written out here in double precision (docs/ALGORITHMS.md §8). The last group runs
 // every press on the real model: ratio 0.5 on a 300-token context, then generation.
 #include <gtest/gtest.h>
 

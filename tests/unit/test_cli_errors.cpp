@@ -102,5 +102,21 @@ TEST_F(CliErrors, BadPressOptions) {
   expect_clean_error(test::run_kvzap("generate -m '" + model_ + "' -p hi -n 1 --ratio 0.5"), "--press");
 }
 
+// --kv-type takes f16 or f32 only; a cache saved under one type is refused under the other, naming the fix.
+TEST_F(CliErrors, KvTypeMismatchAndBadKvType) {
+  // A bad choice is a usage error from the option parser (as for --ratio-scope): non-zero, nothing on stdout.
+  const test::CommandResult bad = test::run_kvzap("generate -m '" + model_ + "' -p hi -n 1 --kv-type q8");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_TRUE(bad.out.empty()) << bad.out;
+  EXPECT_NE(bad.err.find("--kv-type"), std::string::npos) << bad.err;
+  const std::string saved = (dir_ / "c.kvc").string();
+  const test::CommandResult r =
+      test::run_kvzap("generate -m '" + model_ + "' -p 'The cat sat' -n 1 --temp 0 -t 1 --kv-type f32 --save-cache '" + saved + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_clean_error(test::run_kvzap("generate -m '" + model_ + "' -p ' on' -n 1 -t 1 --load-cache '" + saved + "'"),
+                     "rerun with --kv-type f32");
+  EXPECT_EQ(test::run_kvzap("generate -m '" + model_ + "' -p ' on' -n 1 -t 1 --kv-type f32 --load-cache '" + saved + "'").exit_code, 0);
+}
+
 }  // namespace
 }  // namespace kvzap

@@ -56,8 +56,9 @@ class EngineTest : public ::testing::Test {
   void SetUp() override {
     if (!model_) FAIL() << "model not found at " << test::default_model_path() << " (run `kvzap pull`)";
   }
-  static EngineOptions options(int64_t n_batch, int64_t budget = 0) {
+  static EngineOptions options(int64_t n_batch, int64_t budget = 0, KvType kv_type = KvType::F16) {
     EngineOptions o;
+    o.kv_type = kv_type;
     o.n_threads = 2;
     o.n_ctx = 1024;
     o.n_batch = n_batch;
@@ -102,6 +103,8 @@ class EngineTest : public ::testing::Test {
       for (int h = 0; h < c.n_head_kv(); h++) r[l][h] = c.length(l, h);
     return r;
   }
+  // Batched steps (chunked prefills sharing steps with decodes) give what each sequence gets alone.
+  static void batched_equals_alone(KvType type);
   static std::unique_ptr<Model> model_;
 };
 std::unique_ptr<Model> EngineTest::model_;
@@ -112,7 +115,13 @@ struct Trace {
   std::vector<std::vector<int64_t>> lengths;
 };
 
-TEST_F(EngineTest, BatchedStepsGiveWhatEachSequenceGetsAlone) {
+TEST_F(EngineTest, BatchedStepsGiveWhatEachSequenceGetsAlone) { batched_equals_alone(KvType::F16); }
+
+// The same with f32 caches (--kv-type f32), presses included (KVzap-MLP while decoding, KNorm).
+TEST_F(EngineTest, BatchedStepsGiveWhatEachSequenceGetsAloneF32) { batched_equals_alone(KvType::F32); }
+
+void EngineTest::batched_equals_alone(KvType type) {
+  auto options = [&](int64_t n_batch) { return EngineTest::options(n_batch, 0, type); };
   constexpr int kSeqs = 8, kDecode = 12;
   const int64_t lens[kSeqs] = {40, 150, 90, 300, 17, 210, 64, 130};
   const int kinds[kSeqs] = {0, 1, 2, 0, 1, 2, 1, 0};
@@ -207,6 +216,7 @@ TEST_F(EngineTest, BatchedStepsGiveWhatEachSequenceGetsAlone) {
     for (int i = 0; i < kDecode; i++) worst = std::max(worst, std::abs(together[s].logprobs[i] - alone[s].logprobs[i]));
     EXPECT_LE(worst, 1e-4) << "sequence " << s;
     EXPECT_EQ(together[s].lengths, alone[s].lengths) << "sequence " << s;
+    EXPECT_EQ(seqs[s]->cache().kv_type(), type);
   }
   // The presses really pruned (kinds 1 and 2), so the comparison covers eviction too.
   EXPECT_GT(seqs[1]->cache().evicted_fraction(), 0.05);
@@ -426,6 +436,29 @@ TEST_F(EngineTest, PromptChunkingDoesNotChangeLogits) {
     for (int i = 0; i < V; i++) worst = std::max(worst, (double)std::abs(ref[i] - seq->logits()[i]));
     EXPECT_EQ(worst, 0.0) << "n_batch " << nb;
   }
+}
+
+// f32 caches: one-step prefill, chunks and token-by-token decoding give bit-identical logits, which
+// differ from the f16 cache's.
+TEST_F(EngineTest, PromptChunkingAndDecodingDoNotChangeLogitsF32) {
+  const int V = model_->config().n_vocab;
+  const std::vector<int32_t> p = prompt(3, 200);
+  std::vector<float> ref;
+  for (int64_t nb : {1024, 64, 16, 1}) {
+    Engine engine(*model_, options(nb, 0, KvType::F32));
+    auto seq = engine.new_sequence();
+    engine.feed(*seq, p.data(), 200);
+    if (ref.empty()) ref.assign(seq->logits(), seq->logits() + V);
+    double worst = 0;
+    for (int i = 0; i < V; i++) worst = std::max(worst, (double)std::abs(ref[i] - seq->logits()[i]));
+    EXPECT_EQ(worst, 0.0) << "n_batch " << nb;
+  }
+  Engine engine(*model_, options(1024));
+  auto seq = engine.new_sequence();
+  engine.feed(*seq, p.data(), 200);
+  double diff = 0;
+  for (int i = 0; i < V; i++) diff = std::max(diff, (double)std::abs(ref[i] - seq->logits()[i]));
+  EXPECT_GT(diff, 0.0);
 }
 }
 namespace {

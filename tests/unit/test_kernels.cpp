@@ -218,6 +218,13 @@ void error_scales(const WeightMatrix& w, const std::vector<float>& x, int64_t n_
         // Q8_1's s = fp16(d * sum q) adds |m| * |s| * 2^-10 per block: covered by the 0.01 * n * max|w| term.
         if (blk) q += (wabs + (b1 - b0) * wmax * 0.01) * amax * (0.5 / 127 + 1.0 / 1024);
       }
+      // F16 / BF16 weights round the activations to their type (ggml's vec_dot_type): relative error at
+      // most 2^-11 / 2^-8, plus the f16 subnormal half-step 2^-25 absolute.
+      if (w.type == GgmlType::F16 || w.type == GgmlType::BF16) {
+        double wsum = 0;
+        for (int64_t i = 0; i < w.n_in; ++i) wsum += std::fabs(row[(size_t)i]);
+        q += m * (w.type == GgmlType::F16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8)) + wsum * std::ldexp(1.0, -25);
+      }
       mag[(size_t)(t * w.n_out + o)] = m;
       qbound[(size_t)(t * w.n_out + o)] = q;
     }

@@ -192,4 +192,82 @@ TEST(KvCache, ShortEvictionMaskIsRejected) {
   EXPECT_EQ(c.length(0, 0), 10);
 }
 
+// F32 caches (--kv-type f32): values that f16 cannot hold come back exactly, through append, eviction
+// compaction, copy-on-write forks and the f32 row view; the typed f16 views refuse an f32 cache.
+TEST(KvCacheF32, StoresKeysAndValuesExactly) {
+  using kvzap::KvType;
+  KvCache c(kL, kH, kD, nullptr, KvType::F32);
+  EXPECT_EQ(c.kv_type(), KvType::F32);
+  EXPECT_EQ(c.row_bytes(), (size_t)kD * 4);
+  auto key = [](int l, int h, int32_t p, int d) { return 1.0f + 1e-6f * (float)(p * 7 + d + 31 * h + 97 * l); };
+  auto val = [](int l, int h, int32_t p, int d) { return -3.0f - 1e-6f * (float)(p * 5 + d + 17 * h + 89 * l); };
+  std::vector<float> k(kD), v(kD), out(kD);
+  for (int32_t p = 0; p < 40; p++)
+    for (int l = 0; l < kL; l++)
+      for (int h = 0; h < kH; h++) {
+        for (int d = 0; d < kD; d++) k[d] = key(l, h, p, d), v[d] = val(l, h, p, d);
+        c.append(l, h, k.data(), v.data(), p);
+      }
+  c.set_n_past(40);
+  ASSERT_NE(kvzap::fp16_to_fp32(kvzap::fp32_to_fp16(key(0, 0, 3, 1))), key(0, 0, 3, 1));  // f16 would round
+  std::vector<uint8_t> drop(40, 0);
+  for (int i = 0; i < 40; i += 3) drop[(size_t)i] = 1;
+  KvCache fork(kL, kH, kD, &c.pool(), KvType::F32);
+  fork.share_from(c);
+  c.evict(1, 2, drop);  // compaction copies rows of 4-byte elements (and the shared pages first)
+  for (const KvCache* cc : {&c, &fork})
+    for (int l = 0; l < kL; l++)
+      for (int h = 0; h < kH; h++)
+        for (int64_t i = 0; i < cc->length(l, h); i++) {
+          const int32_t p = cc->position_at(l, h, i);
+          cc->key_row(l, h, i, out.data());
+          for (int d = 0; d < kD; d++) {
+            ASSERT_EQ(cc->key_at_f32(l, h, i)[d], key(l, h, p, d));
+            ASSERT_EQ(cc->value_at_f32(l, h, i)[d], val(l, h, p, d));
+            ASSERT_EQ(out[d], key(l, h, p, d));
+          }
+        }
+  EXPECT_EQ(c.length(1, 2), 26);
+  EXPECT_EQ(fork.length(1, 2), 40);
+  EXPECT_THROW(c.key_at(0, 0, 0), kvzap::Error);
+  EXPECT_THROW(c.page_values(0, 0, 0), kvzap::Error);
+  KvCache f16(kL, kH, kD);
+  append_tokens(f16, 0, 2);
+  EXPECT_THROW(f16.key_at_f32(0, 0, 0), kvzap::Error);
+  // A cache of the other type cannot take pages from this pool (its pages are a different size).
+  EXPECT_THROW((KvCache(kL, kH, kD, &c.pool(), KvType::F16)), kvzap::Error);
+}
+
+// Memory accounting: an f32 entry costs twice the key/value bytes of an f16 one, so a page budget holds
+// half as many tokens.
+TEST(KvCacheF32, PagesCostTwiceTheKeyValueBytesAndABudgetHoldsHalfTheTokens) {
+  using kvzap::KvType;
+  const int64_t pos_bytes = P * 4;
+  EXPECT_EQ(KvCache::page_bytes_for(64, KvType::F32) - pos_bytes, 2 * (KvCache::page_bytes_for(64, KvType::F16) - pos_bytes));
+  EXPECT_EQ(KvCache::page_bytes_for(64), KvCache::page_bytes_for(64, KvType::F16));
+  EXPECT_EQ(kvzap::parse_kv_type("f32"), KvType::F32);
+  EXPECT_EQ(kvzap::parse_kv_type("f16"), KvType::F16);
+  EXPECT_THROW(kvzap::parse_kv_type("q8"), kvzap::Error);
+  // The same entries: the same number of pages, each page twice the K/V bytes.
+  KvCache h(kL, kH, kD), f(kL, kH, kD, nullptr, KvType::F32);
+  append_tokens(h, 0, 40);
+  append_tokens(f, 0, 40);
+  EXPECT_EQ(f.pages_needed(7), h.pages_needed(7));
+  EXPECT_EQ(f.bytes_resident() - (int64_t)kL * kH * pages_for(40) * pos_bytes,
+            2 * (h.bytes_resident() - (int64_t)kL * kH * pages_for(40) * pos_bytes));
+  EXPECT_EQ(f.bytes_full(), f.bytes_resident());
+  // A budget of 64 f16 pages of head size 64 fits only ~32 f32 pages.
+  const int64_t budget = 64 * KvCache::page_bytes_for(64);
+  kvzap::PagePool p16(KvCache::page_bytes_for(64), budget), p32(KvCache::page_bytes_for(64, KvType::F32), budget);
+  EXPECT_EQ(p16.pages_available(), 64);
+  EXPECT_EQ(p32.pages_available(), budget / KvCache::page_bytes_for(64, KvType::F32));
+  EXPECT_LE(2 * p32.pages_available(), 64);
+  EXPECT_GE(2 * p32.pages_available(), 62);
+  KvCache tight(1, 1, 64, &p32, KvType::F32);
+  std::vector<float> k(64, 0.5f);
+  const int64_t fits = p32.pages_available() * P;  // tokens of one stream the budget holds
+  for (int64_t i = 0; i < fits; i++) tight.append(0, 0, k.data(), k.data(), (int32_t)i);
+  EXPECT_THROW(tight.append(0, 0, k.data(), k.data(), 1 << 20), kvzap::KvBudgetExceeded);
+}
+
 }  // namespace

@@ -22,6 +22,7 @@
 #include "engine/model_store.h"
 #include "engine/session.h"
 #include "kvzap/error.h"
+#include "model/forward.h"
 #include "model/model.h"
 #include "press/policy.h"
 #include "press/press.h"
@@ -573,6 +574,84 @@ TEST_F(PressWithModel, NoOpPressesLeaveLogitsBitIdentical) {
   const std::vector<float> k = greedy_logits(s, ids, knorm.get());
   EXPECT_EQ(s.cache().evicted_fraction(), 0.0);
   EXPECT_EQ(std::memcmp(k.data(), base.data(), base.size() * sizeof(float)), 0) << "knorm, threshold -inf";
+}
+
+// The forward hands each segment its observer's read-out of h (LayerObserver::h_readout), computed next
+// to the norm: it must equal the same function of step.h, row for row, in one sequence and in a batched
+// step where only one of two segments asks for it.
+TEST_F(PressWithModel, ForwardReadoutOfHMatchesTheStepsH) {
+  struct Probe : LayerObserver {
+    int64_t E = 0, rows = 0;
+    bool bad = false;
+    int h_readout_dim(int) const override { return 2; }
+    void h_readout(int layer, const float* h, float* out) const override {
+      float sum = 0;
+      for (int64_t i = 0; i < E; i++) sum += h[i] * (float)(layer + 1);
+      out[0] = sum, out[1] = h[E - 1];
+    }
+    void after_attention(const LayerStep& st, KvCache&) override {
+      if (!st.h_readout) { bad = true; return; }
+      float want[2];
+      for (int64_t t = 0; t < st.n_tok; t++, rows++) {
+        h_readout(st.layer, st.h + t * E, want);
+        if (std::memcmp(want, st.h_readout + 2 * t, sizeof want) != 0) bad = true;
+      }
+    }
+  };
+  const std::vector<int32_t> ids = context_ids();
+  const int64_t T = (int64_t)ids.size(), L = model_->config().n_layer;
+  Probe probe;
+  probe.E = model_->config().n_embd;
+  Session a(*model_, session_options(48)), b(*model_, session_options(48));
+  a.forward().run(ids.data(), T, a.cache(), LogitsMode::None, nullptr, &probe);
+  EXPECT_FALSE(probe.bad);
+  EXPECT_EQ(probe.rows, T * L);
+  // Batched: segment 0 without an observer, segment 1 with the probe.
+  a.reset();
+  probe.rows = 0;
+  ForwardSegment segs[2];
+  segs[0].cache = &b.cache(), segs[0].tokens = ids.data(), segs[0].n = 20;
+  segs[1].cache = &a.cache(), segs[1].tokens = ids.data() + 5, segs[1].n = 17, segs[1].observer = &probe;
+  a.forward().step_batch(segs, 2);
+  EXPECT_FALSE(probe.bad);
+  EXPECT_EQ(probe.rows, 17 * L);
+}
+
+// KVzap-Linear scores from the fused read-out and from step.h (an observer that offers no read-out)
+// evict exactly the same entries.
+TEST_F(PressWithModel, KvzapLinearFusedReadoutEvictsLikeReadingH) {
+  struct NoReadout : LayerObserver {
+    Press* press = nullptr;
+    void after_attention(const LayerStep& st, KvCache& cache) override { press->after_attention(st, cache); }
+  };
+  const std::vector<int32_t> ids = context_ids();
+  const int64_t T = (int64_t)ids.size();
+  const ModelConfig& c = model_->config();
+  std::vector<std::vector<int32_t>> kept[2];
+  int64_t evicted[2] = {0, 0};
+  for (int fused = 0; fused < 2; fused++) {
+    auto press = make_press(threshold_opt("kvzap-linear", -4.0, 32, false), *model_);
+    auto* tp = dynamic_cast<ThresholdPress*>(press.get());
+    ASSERT_NE(tp, nullptr);
+    EXPECT_EQ(tp->h_readout_dim(0), 0) << "outside a context nothing is judged";
+    Session s(*model_, session_options(40));
+    NoReadout plain;
+    plain.press = press.get();
+    tp->start_context();
+    EXPECT_EQ(tp->h_readout_dim(0), c.n_head_kv);
+    s.forward().run(ids.data(), T, s.cache(), LogitsMode::None, nullptr, fused ? (LayerObserver*)tp : &plain);
+    tp->finish_context(s.cache());
+    evicted[fused] = tp->n_evicted();
+    for (int l = 0; l < c.n_layer; l++)
+      for (int h = 0; h < c.n_head_kv; h++) {
+        std::vector<int32_t> pos;
+        for (int64_t i = 0; i < s.cache().length(l, h); i++) pos.push_back(s.cache().position_at(l, h, i));
+        kept[fused].push_back(pos);
+      }
+  }
+  EXPECT_GT(evicted[0], T);  // the threshold really evicts
+  EXPECT_EQ(evicted[0], evicted[1]);
+  EXPECT_EQ(kept[0], kept[1]);
 }
 
 TEST_F(PressWithModel, ThresholdPressEvictsForRealInEveryContextStep) {

@@ -43,9 +43,9 @@ class CacheFile : public ::testing::Test {
   }
 
   // A cache of n tokens with every third entry of head 0 evicted in every layer.
-  std::unique_ptr<KvCache> make_cache(int n) {
+  std::unique_ptr<KvCache> make_cache(int n, KvType type = KvType::F16) {
     const ModelConfig& c = model_->config();
-    auto cache = std::make_unique<KvCache>(c.n_layer, c.n_head_kv, c.head_dim);
+    auto cache = std::make_unique<KvCache>(c.n_layer, c.n_head_kv, c.head_dim, nullptr, type);
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> u(-2, 2);
     std::vector<float> k((size_t)n * c.n_head_kv * c.head_dim), v(k.size());  // [n][H][D]
@@ -83,15 +83,15 @@ class CacheFile : public ::testing::Test {
     out.write(data.data(), (std::streamsize)data.size());
   }
   // Rewrites the header checksum after a deliberate header change (so a later check is what fails).
-  static void reseal_header(std::string& data) {
-    const size_t used = 8 + 4 + 4 + 32 + 4 * 4 + 8 + 8 + 4 + 4 + 8 + 32;
+  static void reseal_header(std::string& data, uint32_t version = 2) {
+    const size_t used = 8 + 4 + 4 + 32 + 4 * 4 + 8 + 8 + 4 + 4 + (version >= 2 ? 4 : 0) + 8 + 32;
     const std::string hex = sha256_hex(data.data(), used);
     for (size_t i = 0; i < 8; i++) data[used + i] = (char)std::stoi(hex.substr(2 * i, 2), nullptr, 16);
   }
 
-  void expect_refused(const std::string& p, const std::string& fragment) {
+  void expect_refused(const std::string& p, const std::string& fragment, KvType type = KvType::F16) {
     const ModelConfig& c = model_->config();
-    KvCache fresh(c.n_layer, c.n_head_kv, c.head_dim);
+    KvCache fresh(c.n_layer, c.n_head_kv, c.head_dim, nullptr, type);
     try {
       load_cache_file(p, *model_, fresh);
       FAIL() << "accepted " << p;
@@ -102,6 +102,8 @@ class CacheFile : public ::testing::Test {
     EXPECT_EQ(fresh.n_past(), 0);
     EXPECT_EQ(fresh.entries_kept(), 0);
   }
+
+  void expect_round_trip(KvType type);
 
   static Model* model_;
   std::filesystem::path dir_;
@@ -126,12 +128,13 @@ TEST_F(CacheFile, EmptyContextRoundTrips) {
   EXPECT_EQ(back.entries_kept(), 0);
 }
 
-TEST_F(CacheFile, RoundTripIsExact) {
+// Both KV types: the file holds the cache's own element type, byte for byte.
+void CacheFile::expect_round_trip(KvType type) {
   const int n = 37;
-  auto cache = make_cache(n);
+  auto cache = make_cache(n, type);
   save_cache_file(path("a.kvc"), *model_, *cache, meta(n));
   const ModelConfig& c = model_->config();
-  KvCache back(c.n_layer, c.n_head_kv, c.head_dim);
+  KvCache back(c.n_layer, c.n_head_kv, c.head_dim, nullptr, type);
   CacheFileMeta m = load_cache_file(path("a.kvc"), *model_, back);
   EXPECT_EQ(m.press, meta(n).press);
   EXPECT_EQ(m.tokens, meta(n).tokens);
@@ -144,12 +147,64 @@ TEST_F(CacheFile, RoundTripIsExact) {
       ASSERT_EQ(back.length(l, h), cache->length(l, h));
       for (int64_t i = 0; i < back.length(l, h); i++) {
         ASSERT_EQ(back.position_at(l, h, i), cache->position_at(l, h, i));
-        ASSERT_EQ(std::memcmp(back.key_at(l, h, i), cache->key_at(l, h, i), c.head_dim * 2), 0);
-        ASSERT_EQ(std::memcmp(back.value_at(l, h, i), cache->value_at(l, h, i), c.head_dim * 2), 0);
+        std::vector<float> a((size_t)c.head_dim), b((size_t)c.head_dim);
+        back.key_row(l, h, i, a.data());
+        cache->key_row(l, h, i, b.data());
+        ASSERT_EQ(a, b);
+        back.value_row(l, h, i, a.data());
+        cache->value_row(l, h, i, b.data());
+        ASSERT_EQ(a, b);
       }
     }
   for (const auto& e : std::filesystem::directory_iterator(dir_))  // no temporary left behind
     EXPECT_EQ(e.path().filename(), "a.kvc") << e.path();
+}
+
+TEST_F(CacheFile, RoundTripIsExact) { expect_round_trip(KvType::F16); }
+TEST_F(CacheFile, RoundTripIsExactF32) {
+  expect_round_trip(KvType::F32);
+  // The f32 file really holds f32 rows: twice the K/V bytes of the f16 file of the same cache.
+  save_cache_file(path("h.kvc"), *model_, *make_cache(37, KvType::F16), meta(37));
+  save_cache_file(path("f.kvc"), *model_, *make_cache(37, KvType::F32), meta(37));
+  const ModelConfig& c = model_->config();
+  const int64_t entries = make_cache(37)->entries_kept();
+  EXPECT_EQ(read(path("f.kvc")).size() - read(path("h.kvc")).size(), (size_t)(entries * 2 * c.head_dim * 2));
+}
+
+// A file of the other KV type is refused with a one-line error that names both types and the fix
+// (no silent conversion), and leaves the cache empty.
+TEST_F(CacheFile, OtherKvTypeIsRefused) {
+  save_cache_file(path("h.kvc"), *model_, *make_cache(20, KvType::F16), meta(20));
+  save_cache_file(path("f.kvc"), *model_, *make_cache(20, KvType::F32), meta(20));
+  expect_refused(path("h.kvc"), "holds f16 keys and values, but this run uses f32 (rerun with --kv-type f16)", KvType::F32);
+  expect_refused(path("f.kvc"), "holds f32 keys and values, but this run uses f16 (rerun with --kv-type f32)", KvType::F16);
+  std::string bad = read(path("f.kvc"));
+  bad[88] = 7;  // the KV type field
+  reseal_header(bad);
+  write(path("bad.kvc"), bad);
+  expect_refused(path("bad.kvc"), "unknown KV type 7", KvType::F32);
+}
+
+// Files written before the KV type existed (version 1: no type field, f16 rows) still load.
+TEST_F(CacheFile, Version1FilesLoadAsF16) {
+  auto cache = make_cache(20);
+  save_cache_file(path("v2.kvc"), *model_, *cache, meta(20));
+  std::string v1 = read(path("v2.kvc"));
+  ASSERT_EQ(v1[88], 0);  // f16
+  v1.erase(88, 4);       // drop the KV type field ...
+  v1.insert(136, 4, '\0');  // ... keeping the 144-byte header
+  const uint32_t one = 1;
+  std::memcpy(&v1[8], &one, 4);
+  reseal_header(v1, 1);
+  write(path("v1.kvc"), v1);
+  const ModelConfig& c = model_->config();
+  KvCache back(c.n_layer, c.n_head_kv, c.head_dim);
+  const CacheFileMeta m = load_cache_file(path("v1.kvc"), *model_, back);
+  EXPECT_EQ(m.tokens, meta(20).tokens);
+  ASSERT_EQ(back.entries_kept(), cache->entries_kept());
+  for (int64_t i = 0; i < back.length(1, 0); i++)
+    ASSERT_EQ(std::memcmp(back.key_at(1, 0, i), cache->key_at(1, 0, i), c.head_dim * 2), 0);
+  expect_refused(path("v1.kvc"), "holds f16 keys and values", KvType::F32);
 }
 
 // A failed write (the file size limit stands in for a full disk) is a one-line error, leaves the

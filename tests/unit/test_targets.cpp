@@ -1,6 +1,6 @@
-// KVzap training targets (spec §2.2): the shared KVzip math against naive double-precision versions,
-// the repeat prompt's spans, the targets of a short text against an independent naive computation
-// (direct W_O products from the dequantised weights, full softmax in double), window cutting,
+// KVzap training targets (docs/ALGORITHMS.md §5.1): the shared KVzip math against naive double-precision
+// versions, the repeat prompt's spans, the targets of a short text against an independent naive
+// computation (direct W_O products from the dequantised weights, full softmax in double), window cutting,
 // resumable collection (interrupted and torn runs continue to the same file), and the progress line.
 #include <gtest/gtest.h>
 
