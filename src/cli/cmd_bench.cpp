@@ -322,9 +322,11 @@ int run_bench(BenchArgs a) {
         for (int l = 0; l < sur->n_layers(); l++) {
           const float* gain = model->weights().layers[(size_t)l].attn_norm;
           pool.parallel_ranges(n, [&](int64_t t0, int64_t t1, int) {
-            for (int64_t t = t0; t < t1; t++) {
-              rmsnorm(&h[(size_t)(t * E)], gain, &xn[(size_t)(t * E)], E, model->config().rms_eps);
-              if (readout) sur->predict(l, &xn[(size_t)(t * E)], 1, &out[(size_t)(t * H)], nullptr);
+            for (int64_t b0 = t0; b0 < t1; b0 += 8) {  // blocks of 8 rows, as Forward runs it
+              const int64_t b1 = std::min(t1, b0 + 8);
+              for (int64_t t = b0; t < b1; t++)
+                rmsnorm(&h[(size_t)(t * E)], gain, &xn[(size_t)(t * E)], E, model->config().rms_eps);
+              if (readout) sur->predict(l, &xn[(size_t)(b0 * E)], b1 - b0, &out[(size_t)(b0 * H)], nullptr);
             }
           });
         }

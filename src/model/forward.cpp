@@ -170,14 +170,18 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
     if ((int64_t)readout_.size() < readout_total) readout_.resize((size_t)readout_total);  // grows once
     // Contiguous rows per thread: read-out rows are a few floats, and neighbours written by different
     // threads would share cache lines.
+    // The read-out runs on blocks of up to kReadoutRows rows of one segment, right after their norm.
     pool_.parallel_ranges(n, [&](int64_t t0, int64_t t1, int) {
-      for (int64_t t = t0; t < t1; t++) {
-        rmsnorm(&x_[t * E], L.attn_norm, &xn_[t * E], E, cfg_.rms_eps);
-        if (readout_total == 0) continue;
+      constexpr int64_t kReadoutRows = 8;
+      for (int64_t b0 = t0; b0 < t1;) {
         int s = n_segs - 1;
-        while (t < seg_row0_[s]) s--;
+        while (b0 < seg_row0_[s]) s--;
+        const int64_t b1 = std::min({t1, b0 + kReadoutRows, seg_row0_[s] + segs[s].n});
+        for (int64_t t = b0; t < b1; t++) rmsnorm(&x_[t * E], L.attn_norm, &xn_[t * E], E, cfg_.rms_eps);
         if (readout_dim_[s] > 0)
-          segs[s].observer->h_readout(l, &xn_[t * E], &readout_[readout_at_[s] + (t - seg_row0_[s]) * readout_dim_[s]]);
+          segs[s].observer->h_readout(l, &xn_[b0 * E], b1 - b0,
+                                      &readout_[readout_at_[s] + (b0 - seg_row0_[s]) * readout_dim_[s]]);
+        b0 = b1;
       }
     });
     {

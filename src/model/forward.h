@@ -38,9 +38,10 @@ class LayerObserver {
   // Optional: a per-token function of h (a linear scorer's prediction) that the forward evaluates right
   // after the attention norm writes each row, while the row is still in L1, instead of the observer
   // reading all of h back from memory after the attention. Width 0 = none. h_readout runs on the
-  // forward's worker threads, one row at a time, so it must be const and thread-safe.
+  // forward's worker threads, on blocks of a few rows, so it must be const and thread-safe.
   virtual int h_readout_dim(int layer) const { (void)layer; return 0; }
-  virtual void h_readout(int layer, const float* h_row, float* out) const { (void)layer, (void)h_row, (void)out; }
+  // h: [n][n_embd] consecutive rows of one segment, out: [n][h_readout_dim].
+  virtual void h_readout(int layer, const float* h, int64_t n, float* out) const { (void)layer, (void)h, (void)n, (void)out; }
 };
 
 enum class LogitsMode { None, Last, All };

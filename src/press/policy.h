@@ -27,7 +27,7 @@ class ThresholdPress : public Press {
   bool prunes_decoding() const override { return decoding_; }
   void after_attention(const LayerStep& step, KvCache& cache) override;
   int h_readout_dim(int layer) const override { return in_context_ || decoding_ ? scorer_->h_readout_dim(layer) : 0; }
-  void h_readout(int layer, const float* h_row, float* out) const override { scorer_->h_readout(layer, h_row, out); }
+  void h_readout(int layer, const float* h, int64_t n, float* out) const override { scorer_->h_readout(layer, h, n, out); }
   // A copy of the window buffers (per-step scorers are stateless between steps: shared).
   std::unique_ptr<Press> clone() const override { return std::make_unique<ThresholdPress>(*this); }
 
@@ -129,7 +129,7 @@ class RatioPress : public Press {
   bool prunes_decoding() const override { return false; }
   void after_attention(const LayerStep& step, KvCache& cache) override;
   int h_readout_dim(int layer) const override { return in_context_ && scorer_->per_step() ? scorer_->h_readout_dim(layer) : 0; }
-  void h_readout(int layer, const float* h_row, float* out) const override { scorer_->h_readout(layer, h_row, out); }
+  void h_readout(int layer, const float* h, int64_t n, float* out) const override { scorer_->h_readout(layer, h, n, out); }
 
   void start_context();
   // ctx may be null for per-step scorers and CacheScorers (tests). Returns the number of entries removed.

@@ -56,7 +56,7 @@ class Scorer {
   // forward evaluates it next to the attention norm (LayerObserver::h_readout) and score_step finds the
   // results in step.h_readout, so h is not read back from memory. Width 0 = not offered.
   virtual int h_readout_dim(int layer) const { (void)layer; return 0; }
-  virtual void h_readout(int layer, const float* h_row, float* out) const { (void)layer, (void)h_row, (void)out; }
+  virtual void h_readout(int layer, const float* h, int64_t n, float* out) const { (void)layer, (void)h, (void)n, (void)out; }
 };
 
 struct PressOptions {

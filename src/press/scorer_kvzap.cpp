@@ -28,11 +28,11 @@ class KvzapScorer : public Scorer {
  public:
   explicit KvzapScorer(std::unique_ptr<Surrogate> s) : surrogate_(std::move(s)) {}
   bool per_step() const override { return true; }
-  // The linear surrogate is a read-out of h: the forward runs it next to the norm (one row at a time;
+  // The linear surrogate is a read-out of h: the forward runs it next to the norm (on blocks of up to 8 rows;
   // the same bits as predict over a block, see Surrogate.LinearAndMlpPredictMatchReference).
   int h_readout_dim(int layer) const override { (void)layer; return surrogate_->is_mlp() ? 0 : surrogate_->output_dim(); }
-  void h_readout(int layer, const float* h_row, float* out) const override {
-    surrogate_->predict(layer, h_row, 1, out, nullptr);  // linear: no scratch
+  void h_readout(int layer, const float* h, int64_t n, float* out) const override {
+    surrogate_->predict(layer, h, n, out, nullptr);  // linear: no scratch
   }
   void score_step(const LayerStep& step, const KvCache& cache, float* out) override {
     const int64_t n = step.n_tok;

@@ -64,52 +64,41 @@ inline void row_block(int64_t N, int64_t K, const float* A, int64_t lda, const f
   }
 }
 
-// TT rows of A (tokens) against NB rows of Bt (outputs, NB <= 4). Per (token, output) two 16-lane
-// accumulators, for the even and the odd 16-element blocks of k (two FMA chains per output, so one
-// token alone is not latency-bound: the linear scorer runs one row at a time next to the norm), then
-// their sum folded by the shared reduction. A token's bits never depend on which other tokens share its
-// tile, so predict() over any chunking, and the one-row read-out, agree exactly. TT = 2, NB = 4 keeps 16
-// accumulators, 2 NB vectors of Bt and one of A in registers.
+// TT rows of A (tokens) against NB rows of Bt (outputs, NB <= 4): one 16-lane accumulator per (token,
+// output), k in order, then the shared fold. A token's sum never depends on which other tokens share
+// its tile, so predict() over any chunking gives identical bits. TT = 4, NB = 4 keeps 16 accumulators,
+// NB vectors of Bt and one of A in registers; every vector of Bt loaded once serves four tokens.
 template <int TT, int NB>
 inline void dots_tile(const float* A, int64_t lda, const float* const* b, int64_t n, float* C, int64_t ldc) {
-  __m512 s0[TT][NB], s1[TT][NB];
+  __m512 acc[TT][NB];
 #pragma GCC unroll 4
   for (int t = 0; t < TT; ++t)
 #pragma GCC unroll 4
-    for (int j = 0; j < NB; ++j) s0[t][j] = s1[t][j] = _mm512_setzero_ps();
-  auto step = [&](int64_t k, __mmask16 m0, __mmask16 m1) {
-    __m512 b0[NB], b1[NB];
+    for (int j = 0; j < NB; ++j) acc[t][j] = _mm512_setzero_ps();
+  auto step = [&](int64_t k, __mmask16 m) {
+    __m512 bv[NB];
 #pragma GCC unroll 4
-    for (int j = 0; j < NB; ++j) {
-      b0[j] = _mm512_maskz_loadu_ps(m0, b[j] + k);
-      b1[j] = _mm512_maskz_loadu_ps(m1, b[j] + k + 16);
-    }
+    for (int j = 0; j < NB; ++j) bv[j] = _mm512_maskz_loadu_ps(m, b[j] + k);
 #pragma GCC unroll 4
     for (int t = 0; t < TT; ++t) {
-      const __m512 a0 = _mm512_maskz_loadu_ps(m0, A + t * lda + k), a1 = _mm512_maskz_loadu_ps(m1, A + t * lda + k + 16);
+      const __m512 av = _mm512_maskz_loadu_ps(m, A + t * lda + k);
 #pragma GCC unroll 4
-      for (int j = 0; j < NB; ++j) {
-        s0[t][j] = _mm512_fmadd_ps(a0, b0[j], s0[t][j]);
-        s1[t][j] = _mm512_fmadd_ps(a1, b1[j], s1[t][j]);
-      }
+      for (int j = 0; j < NB; ++j) acc[t][j] = _mm512_fmadd_ps(av, bv[j], acc[t][j]);
     }
   };
   int64_t k = 0;
-  for (; k + 32 <= n; k += 32) step(k, (__mmask16)0xFFFF, (__mmask16)0xFFFF);
-  if (k < n) {
-    const int64_t r = n - k;
-    step(k, (__mmask16)(r >= 16 ? 0xFFFF : (1u << r) - 1), (__mmask16)(r <= 16 ? 0 : (1u << (r - 16)) - 1));
-  }
-  const __m512 z = _mm512_setzero_ps();
-  alignas(64) float sums[16];  // lane j: output j of the token
+  for (; k + 16 <= n; k += 16) step(k, (__mmask16)0xFFFF);
+  if (k < n) step(k, (__mmask16)((1u << (n - k)) - 1));
+  __m512 v[16];
+  for (int i = 0; i < 16; ++i) v[i] = _mm512_setzero_ps();
 #pragma GCC unroll 4
-  for (int t = 0; t < TT; ++t) {
-    __m512 v[4] = {z, z, z, z};
+  for (int t = 0; t < TT; ++t)
 #pragma GCC unroll 4
-    for (int j = 0; j < NB; ++j) v[j] = _mm512_add_ps(s0[t][j], s1[t][j]);
-    _mm512_store_ps(sums, kernels::reduce4(v[0], v[1], v[2], v[3]));
-    for (int j = 0; j < NB; ++j) C[t * ldc + j] += sums[j];
-  }
+    for (int j = 0; j < NB; ++j) v[4 * t + j] = acc[t][j];
+  alignas(64) float sums[16];  // lane 4 * j + t: token t, output j
+  _mm512_store_ps(sums, kernels::reduce16(v));
+  for (int t = 0; t < TT; ++t)
+    for (int j = 0; j < NB; ++j) C[t * ldc + j] += sums[4 * j + t];
 }
 
 template <int TT>
@@ -125,7 +114,7 @@ inline void dots_rows(const float* A, int64_t lda, const float* const* b, int nb
 }  // namespace
 
 // C[M][N] += A[M][K] · Bt[N][K]^T for few outputs N (the linear scorer, the MLP's output layer): every
-// vector of a row of A is loaded once for up to 4 outputs, every vector of Bt once for 2 tokens.
+// vector of a row of A is loaded once for up to 4 outputs, every vector of Bt once for 4 tokens.
 void gemm_nt_acc(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* Bt, int64_t ldb, float* C,
                  int64_t ldc) {
   for (int64_t j = 0; j < N; j += 4) {
@@ -133,7 +122,7 @@ void gemm_nt_acc(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, c
     const float* b[4];
     for (int q = 0; q < 4; ++q) b[q] = Bt + (j + (q < nb ? q : nb - 1)) * ldb;
     int64_t i = 0;
-    for (; i + 2 <= M; i += 2) dots_rows<2>(A + i * lda, lda, b, nb, K, C + i * ldc + j, ldc);
+    for (; i + 4 <= M; i += 4) dots_rows<4>(A + i * lda, lda, b, nb, K, C + i * ldc + j, ldc);
     for (; i < M; ++i) dots_rows<1>(A + i * lda, lda, b, nb, K, C + i * ldc + j, ldc);
   }
 }

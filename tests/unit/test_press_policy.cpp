@@ -584,16 +584,18 @@ TEST_F(PressWithModel, ForwardReadoutOfHMatchesTheStepsH) {
     int64_t E = 0, rows = 0;
     bool bad = false;
     int h_readout_dim(int) const override { return 2; }
-    void h_readout(int layer, const float* h, float* out) const override {
-      float sum = 0;
-      for (int64_t i = 0; i < E; i++) sum += h[i] * (float)(layer + 1);
-      out[0] = sum, out[1] = h[E - 1];
+    void h_readout(int layer, const float* h, int64_t n, float* out) const override {
+      for (int64_t t = 0; t < n; t++, h += E, out += 2) {
+        float sum = 0;
+        for (int64_t i = 0; i < E; i++) sum += h[i] * (float)(layer + 1);
+        out[0] = sum, out[1] = h[E - 1];
+      }
     }
     void after_attention(const LayerStep& st, KvCache&) override {
       if (!st.h_readout) { bad = true; return; }
       float want[2];
       for (int64_t t = 0; t < st.n_tok; t++, rows++) {
-        h_readout(st.layer, st.h + t * E, want);
+        h_readout(st.layer, st.h + t * E, 1, want);
         if (std::memcmp(want, st.h_readout + 2 * t, sizeof want) != 0) bad = true;
       }
     }

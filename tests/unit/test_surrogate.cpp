@@ -205,7 +205,7 @@ TEST(Surrogate, LinearAndMlpPredictMatchReference) {
             ASSERT_NEAR(out[l * n * 3 + i], ref[i], 1e-4 * (1 + std::abs(ref[i]))) << isa_name(isa) << " Hd " << Hd;
         }
         // Tokens are independent: one at a time gives the same bits as all in one call (the AVX-512 kernels
-        // tile 2 tokens together; predict_threaded relies on this).
+        // tile 4 tokens together; predict_threaded relies on this).
         std::vector<float> one(3);
         for (int l = 0; l < s.n_layers(); ++l)
           for (int64_t t = 0; t < n; ++t) {
