@@ -1,6 +1,7 @@
 #include "eval/runner.h"
 
 #include "common/atomic_file.h"
+#include "common/json_file.h"
 
 #include <algorithm>
 #include <chrono>
@@ -42,17 +43,6 @@ std::string dump(const nlohmann::json& j, int indent = -1) {
 // Writes via a temporary file and a rename, so a reader (or a resumed sweep) never sees half a file.
 void write_file_atomically(const std::string& path, const std::string& text) { write_file_atomic(path, text); }
 
-nlohmann::json read_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  try {
-    return nlohmann::json::parse(ss.str());
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(path + ": not valid JSON (" + std::string(e.what()) + ")");
-  }
-}
 
 std::string short_status(const SampleOutcome& o) {
   char buf[160];

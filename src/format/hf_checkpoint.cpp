@@ -5,6 +5,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/json_file.h"
 #include "kvzap/error.h"
 
 namespace kvzap::hf {
@@ -17,17 +18,6 @@ std::string shape_string(const std::vector<int64_t>& s) {
   return out + "]";
 }
 
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": no such file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  try {
-    return nlohmann::json::parse(ss.str());
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(path + ": not valid JSON (" + std::string(e.what()) + ")");
-  }
-}
 
 }  // namespace
 
@@ -42,12 +32,12 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw Error(dir + ": not a folder");
   c->config_path_ = (fs::path(dir) / "config.json").string();
-  c->config_ = read_json(c->config_path_);
+  c->config_ = read_json_file(c->config_path_);
   if (!c->config_.is_object()) c->config_error("not a JSON object");
 
   const fs::path single = fs::path(dir) / "model.safetensors", index = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(index, ec)) {
-    const nlohmann::json j = read_json(index.string());
+    const nlohmann::json j = read_json_file(index.string());
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       throw Error(index.string() + ": missing object 'weight_map'");
     std::map<std::string, const SafetensorsFile*> by_name;  // shard file name -> mapped file

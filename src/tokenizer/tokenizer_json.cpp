@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/json_file.h"
 #include "kvzap/error.h"
 
 namespace kvzap {
@@ -26,15 +27,7 @@ constexpr int32_t kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6;
 std::optional<json> read_json_opt(const fs::path& p) {
   std::error_code ec;
   if (!fs::exists(p, ec)) return std::nullopt;
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw Error(p.string() + ": cannot open");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  try {
-    return json::parse(ss.str());
-  } catch (const json::exception& e) {
-    throw Error(p.string() + ": not valid JSON (" + std::string(e.what()) + ")");
-  }
+  return read_json_file(p.string());
 }
 
 // A type-tagged component ({"type": ...}) as its type name, "null" for none.
