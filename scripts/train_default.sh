@@ -7,7 +7,8 @@
 # interrupted, run it again and it continues where it stopped.
 #
 # Environment: KVZAP_BIN (default build/kvzap), KVZAP_MODEL (default: the pulled default model),
-# THREADS (default 2), WORK (intermediate files, default runs/train_default).
+# THREADS (default 2), WORK (intermediate files, default runs/train_default), DEST (the shipped folder),
+# TEST_WINDOWS / TRAIN_WINDOWS / TEST_POSITIONS / TRAIN_POSITIONS (data sizes, default 24 / 180 / 200 / 250).
 # About 35 minutes on 2 shared cores (docs/TRAINING.md has measured timings); the datasets take
 # ~1.8 GB under $WORK.
 set -euo pipefail
@@ -17,7 +18,10 @@ cd "$ROOT"
 BIN="${KVZAP_BIN:-$ROOT/build/kvzap}"
 THREADS="${THREADS:-2}"
 WORK="${WORK:-$ROOT/runs/train_default}"
-DEST="$ROOT/data/surrogates/Smollm2_135M_8k_Lc100K_Mix1_Ep2"
+DEST="${DEST:-$ROOT/data/surrogates/Smollm2_135M_8k_Lc100K_Mix1_Ep2}"
+# Data sizes (the default model's; docs/TRAINING.md §6 gives the Qwen2.5-Coder-0.5B settings).
+TEST_WINDOWS="${TEST_WINDOWS:-24}" TRAIN_WINDOWS="${TRAIN_WINDOWS:-180}"
+TEST_POSITIONS="${TEST_POSITIONS:-200}" TRAIN_POSITIONS="${TRAIN_POSITIONS:-250}"
 CORPUS="$ROOT/data/corpus-build"
 MODEL_ARGS=()
 if [ -n "${KVZAP_MODEL:-}" ]; then MODEL_ARGS=(-m "$KVZAP_MODEL"); fi
@@ -30,10 +34,10 @@ stamp() { date +%s; }
 t0=$(stamp)
 # Held-out pairs first (corpus test split: other documents than the training ones).
 "$BIN" collect "${MODEL_ARGS[@]}" --corpus "$CORPUS" --split test --out "$WORK/test.kvzd" \
-  --windows 24 --tokens-per-window 200 --seed 0 -t "$THREADS"
+  --windows "$TEST_WINDOWS" --tokens-per-window "$TEST_POSITIONS" --seed 0 -t "$THREADS"
 t1=$(stamp)
 "$BIN" collect "${MODEL_ARGS[@]}" --corpus "$CORPUS" --split train --out "$WORK/train.kvzd" \
-  --windows 180 --tokens-per-window 250 --seed 0 -t "$THREADS"
+  --windows "$TRAIN_WINDOWS" --tokens-per-window "$TRAIN_POSITIONS" --seed 0 -t "$THREADS"
 t2=$(stamp)
 "$BIN" train --data "$WORK/train.kvzd" --test "$WORK/test.kvzd" --out "$WORK/surrogates" --kind both \
   --epochs 15 --lr 5e-3 --batch 512 --seed 0 -t "$THREADS"
