@@ -13,10 +13,13 @@
 
 namespace kvzap::jinja {
 
-thread_local int g_call_line = 0;  // line of the call being run (for errors raised inside functions)
+int& call_line() {
+  thread_local int line = 0;  // line of the call being run (for errors raised inside functions)
+  return line;
+}
 
 [[noreturn]] void fail(int line, const std::string& msg) {
-  if (line <= 0) line = g_call_line;
+  if (line <= 0) line = call_line();
   throw Error("chat template: " + msg + (line > 0 ? " at line " + std::to_string(line) : ""));
 }
 

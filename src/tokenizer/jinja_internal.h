@@ -13,11 +13,13 @@ namespace kvzap::jinja {
 [[noreturn]] void fail(int line, const std::string& msg);
 
 // Sets the line fail(0, ...) reports while a function, filter or test runs (restored on exit).
-extern thread_local int g_call_line;
+// (Behind a function, not an extern thread_local: GCC 12's UBSan reports every store through the TLS
+// wrapper of an extern thread_local int as a store to a null pointer.)
+int& call_line();
 struct CallLine {
   int saved;
-  explicit CallLine(int line) : saved(g_call_line) { g_call_line = line; }
-  ~CallLine() { g_call_line = saved; }
+  explicit CallLine(int line) : saved(call_line()) { call_line() = line; }
+  ~CallLine() { call_line() = saved; }
   CallLine(const CallLine&) = delete;
   CallLine& operator=(const CallLine&) = delete;
 };
