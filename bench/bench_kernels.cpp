@@ -94,30 +94,11 @@ BENCHMARK(BM_Matmul_Q8_0_576x49152)->Apply([](benchmark::internal::Benchmark* b)
   b->ArgNames({"tok", "thr"})->UseRealTime()->Unit(benchmark::kMicrosecond);
 });
 
-// Decode streams weights from DRAM (the model is larger than L3): rotate over 64 copies (~35 MB).
-void BM_Gemv_Q4_1_576x1536_Streaming(benchmark::State& state) {
+// Decode streams weights from DRAM (the model is larger than L3): each call reads the next of `copies`
+// copies of the matrix, enough of them to exceed L3.
+void run_gemv_streaming(benchmark::State& state, GgmlType type, int64_t n_in, int64_t n_out, int copies_n) {
   const int threads = (int)state.range(0);
-  constexpr int kCopies = 64;
-  Fixture f = make_fixture(GgmlType::Q4_1, 576, 1536, 1);
-  std::vector<std::vector<uint8_t>> copies(kCopies, f.weights);
-  kvzap::ThreadPool pool(threads);
-  size_t i = 0;
-  for (auto _ : state) {
-    kvzap::WeightMatrix w = f.w;
-    w.data = copies[i++ % kCopies].data();
-    kvzap::matmul(w, f.x.data(), 1, f.y.data(), pool, f.scratch);
-    benchmark::DoNotOptimize(f.y.data());
-  }
-  state.counters["WGB/s"] = benchmark::Counter((double)f.weights.size() * 1e-9,
-                                               benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(kvzap::isa_name(kvzap::active_isa()));
-}
-BENCHMARK(BM_Gemv_Q4_1_576x1536_Streaming)->Arg(1)->Arg(2)->ArgName("thr")->UseRealTime()->Unit(benchmark::kMicrosecond);
-
-// The same for an F16 / BF16 ffn_down (8.7 MB a copy): 8 copies (~70 MB) so each call reads DRAM.
-void run_gemv_streaming(benchmark::State& state, GgmlType type, int64_t n_in, int64_t n_out) {
-  const int threads = (int)state.range(0);
-  constexpr int kCopies = 8;
+  const int kCopies = copies_n;
   Fixture f = make_fixture(type, n_in, n_out, 1);
   std::vector<std::vector<uint8_t>> copies(kCopies, f.weights);
   kvzap::ThreadPool pool(threads);
@@ -132,8 +113,13 @@ void run_gemv_streaming(benchmark::State& state, GgmlType type, int64_t n_in, in
                                                benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(kvzap::isa_name(kvzap::active_isa()));
 }
-void BM_Gemv_F16_4864x896_Streaming(benchmark::State& s) { run_gemv_streaming(s, GgmlType::F16, 4864, 896); }
-void BM_Gemv_BF16_4864x896_Streaming(benchmark::State& s) { run_gemv_streaming(s, GgmlType::BF16, 4864, 896); }
+// Q4_1 576 -> 1536: 64 copies (~35 MB).
+void BM_Gemv_Q4_1_576x1536_Streaming(benchmark::State& s) { run_gemv_streaming(s, GgmlType::Q4_1, 576, 1536, 64); }
+BENCHMARK(BM_Gemv_Q4_1_576x1536_Streaming)->Arg(1)->Arg(2)->ArgName("thr")->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+// F16 / BF16 ffn_down (8.7 MB a copy): 8 copies (~70 MB).
+void BM_Gemv_F16_4864x896_Streaming(benchmark::State& s) { run_gemv_streaming(s, GgmlType::F16, 4864, 896, 8); }
+void BM_Gemv_BF16_4864x896_Streaming(benchmark::State& s) { run_gemv_streaming(s, GgmlType::BF16, 4864, 896, 8); }
 BENCHMARK(BM_Gemv_F16_4864x896_Streaming)->Arg(1)->Arg(2)->ArgName("thr")->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Gemv_BF16_4864x896_Streaming)->Arg(1)->Arg(2)->ArgName("thr")->UseRealTime()->Unit(benchmark::kMicrosecond);
 
