@@ -107,8 +107,6 @@ std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
   } else if (scaling != "none") {
     throw Error(path + ": RoPE scaling '" + scaling + "' is not supported");
   }
-  if (f.find_tensor("rope_freqs.weight"))
-    throw Error(path + ": rope_freqs (Llama-3.1 RoPE scaling) is not supported yet");
   c.rope_mode = spec->rope_mode;
   c.has_qkv_bias = spec->qkv_bias;
   c.has_qk_norm = spec->qk_norm;
@@ -152,6 +150,17 @@ std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
     L.gate = matrix(f, p + "ffn_gate.weight", E, c.n_ff);
     L.up = matrix(f, p + "ffn_up.weight", E, c.n_ff);
     L.down = matrix(f, p + "ffn_down.weight", c.n_ff, E);
+  }
+  // Llama 3.1's rope_scaling of type llama3: [n_rot/2] divisors of the RoPE frequencies, every layer.
+  if (f.find_tensor("rope_freqs.weight")) {
+    for (const LayerConfig& lc : c.layers)
+      if (lc.rope_base != c.rope_base || lc.rope_freq_scale != c.rope_freq_scale)
+        throw Error(path + ": rope_freqs.weight together with per-layer RoPE bases is not supported");
+    const float* factors = vector_f32(f, "rope_freqs.weight", c.n_rot / 2, w);
+    for (int i = 0; i < c.n_rot / 2; i++)
+      if (!std::isfinite(factors[i]) || factors[i] <= 0.0f)
+        throw Error(path + ": rope_freqs.weight[" + std::to_string(i) + "] is not a positive number");
+    c.rope_freq_factors.assign(factors, factors + c.n_rot / 2);
   }
   auto bytes = [](const WeightMatrix& x) { return (int64_t)x.row_stride * x.n_out; };
   m->weight_bytes_ = bytes(w.output);

@@ -4,8 +4,9 @@
 For each architecture it writes a tiny random model as GGUF with the `gguf` package (2 layers, n_embd 64,
 4 query heads over 2 KV heads; qwen3 with key_length 32 != n_embd / n_head; qwen2 with Q/K/V biases;
 qwen3 with per-head q/k RMSNorm; tied embeddings for qwen2, a separate output.weight for llama and
-qwen3), scores an ASCII text with `kvzap perplexity --jsonl` and compares every predicted token's
-log-prob and top-1 with an independent NumPy forward pass (tiny_models.py):
+qwen3; a second llama with Llama-3.1-style rope_freqs.weight divisors), scores an ASCII text with
+`kvzap perplexity --jsonl` and compares every predicted token's log-prob and top-1 with an independent
+NumPy forward pass (tiny_models.py):
   - F32 weights, whole windows per step;
   - F32 weights, 7 tokens per step (-b 7: attention over cached pages from earlier steps);
   - F16 weights (the reference uses the same f16-rounded weights and, as ggml does for F16 weights,
@@ -51,6 +52,9 @@ SPECS = [
     tm.TinySpec("qwen2", tied=True, pre="qwen2", rope_base=1e6, rms_eps=1e-6, seed=22),
     # Qwen3 style: q/k RMSNorm per head, head_dim 32 != 64 / 4 (explicit key_length), half-split RoPE.
     tm.TinySpec("qwen3", head_dim=32, tied=False, pre="qwen2", rope_base=1e6, rms_eps=1e-6, seed=33),
+    # Llama 3.1 style RoPE scaling: a rope_freqs.weight tensor divides each of the 8 frequencies.
+    tm.TinySpec("llama", tied=False, add_bos=True, pre="llama-bpe", rope_base=10000.0, rms_eps=1e-5, seed=44,
+                rope_freqs=(1.0, 0.5, 2.0, 4.0, 0.25, 3.0, 8.0, 1.5), tag="llama-rope_freqs"),
 ]
 
 VERBOSE = "-v" in sys.argv[1:]
@@ -128,8 +132,8 @@ def main():
         with open(text_file, "wb") as f:
             f.write(TEXT.encode("ascii"))
         for spec in SPECS:
-            a = spec.arch
-            right = tm.ROPE_MODE[a]
+            a = spec.tag or spec.arch
+            right = tm.ROPE_MODE[spec.arch]
             wrong = tm.HALF_SPLIT if right == tm.ADJACENT else tm.ADJACENT
             weights = tm.random_weights(spec, len(tokens))
             m32, m16 = os.path.join(tmp, f"{a}-f32.gguf"), os.path.join(tmp, f"{a}-f16.gguf")
@@ -162,7 +166,9 @@ def main():
                     controls.append(("no Q/K/V biases", right, ("bias",)))
                 if spec.qk_norm:
                     controls.append(("no q/k RMSNorm", right, ("qk_norm",)))
-                if a == "llama":
+                if spec.rope_freqs:
+                    controls.append(("no rope_freqs", right, ("rope_freqs",)))
+                if spec.arch == "llama":
                     controls.append(("KV head h % n_head_kv", right, ("gqa",)))
                 for what, mode, ablate in controls:
                     ok_w, diff_w, msg_w = compare(rows, tm.reference_predictions(spec, w32, ids, WINDOW, mode, ablate))

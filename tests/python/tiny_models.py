@@ -32,6 +32,8 @@ class TinySpec:
     add_bos: bool = False
     pre: str = "smollm"
     seed: int = 0
+    rope_freqs: tuple = ()      # [head_dim/2] divisors of the RoPE frequencies (GGUF rope_freqs.weight)
+    tag: str = ""               # label and file name when one architecture is checked twice
 
     @property
     def qkv_bias(self):
@@ -133,6 +135,8 @@ def random_weights(spec: TinySpec, n_vocab: int):
         w[p + "ffn_up.weight"] = mat(F, E)
         w[p + "ffn_down.weight"] = mat(E, F)
     w["output_norm.weight"] = gains(E)
+    if spec.rope_freqs:
+        w["rope_freqs.weight"] = np.asarray(spec.rope_freqs, np.float32)
     if not spec.tied:
         w["output.weight"] = mat(n_vocab, E, 1.0)
     return w
@@ -185,16 +189,18 @@ def f16(x):
     return np.asarray(x).astype(np.float16).astype(np.float64)
 
 
-def rope_tables(n_pos, head_dim, base):
-    """cos/sin [n_pos][head_dim/2]: theta_0 = pos, theta_{i+1} = theta_i * base^(-2/D), all in float32."""
+def rope_tables(n_pos, head_dim, base, factors=None):
+    """cos/sin [n_pos][head_dim/2]: theta_0 = pos, theta_{i+1} = theta_i * base^(-2/D), all in float32;
+    factors (rope_freqs, optional) divide theta_i as ggml does."""
     half = head_dim // 2
     theta_scale = np.float32(np.float64(np.float32(base)) ** np.float64(np.float32(-2.0) / np.float32(head_dim)))
     theta = np.arange(n_pos, dtype=np.float32)
     cos = np.empty((n_pos, half), np.float64)
     sin = np.empty((n_pos, half), np.float64)
     for i in range(half):
-        cos[:, i] = np.cos(theta.astype(np.float64)).astype(np.float32)
-        sin[:, i] = np.sin(theta.astype(np.float64)).astype(np.float32)
+        t = theta if factors is None else (theta / np.float32(factors[i])).astype(np.float32)
+        cos[:, i] = np.cos(t.astype(np.float64)).astype(np.float32)
+        sin[:, i] = np.sin(t.astype(np.float64)).astype(np.float32)
         theta = (theta * theta_scale).astype(np.float32)
     return cos, sin
 
@@ -222,7 +228,7 @@ def rmsnorm(x, gain, eps):
 def forward_logits(spec: TinySpec, w, ids, rope_mode, ablate=(), act_f16=False):
     """Logits [T][n_vocab] (float64) of one window that starts from an empty cache at position 0.
     ablate: deliberate mistakes for negative controls: "bias" (skip the Q/K/V biases), "qk_norm" (skip
-    the per-head q/k RMSNorm), "gqa" (query head h reads KV head h % n_head_kv instead of h / group).
+    the per-head q/k RMSNorm), "rope_freqs" (ignore the frequency divisors), "gqa" (query head h reads KV head h % n_head_kv instead of h / group).
     act_f16: round the input of every weight matrix product to f16, as ggml (and kvzap) do for F16
     weights (their vec_dot type is F16)."""
     act = f16 if act_f16 else (lambda a: a)
@@ -230,7 +236,8 @@ def forward_logits(spec: TinySpec, w, ids, rope_mode, ablate=(), act_f16=False):
     H, Hkv, D = spec.n_head, spec.n_head_kv, spec.head_dim
     G = H // Hkv
     eps = float(np.float32(spec.rms_eps))  # the file stores it as f32
-    cos, sin = rope_tables(T, D, spec.rope_base)
+    factors = None if "rope_freqs" in ablate else w.get("rope_freqs.weight")
+    cos, sin = rope_tables(T, D, spec.rope_base, factors)
     causal = np.tril(np.ones((T, T), bool))
     x = w["token_embd.weight"][np.asarray(ids)]  # [T][E]
     for l in range(spec.n_layer):

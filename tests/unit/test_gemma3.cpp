@@ -33,6 +33,7 @@ struct TinyOptions {
   int pattern = 2;       // -1: no pattern key (default 6); 0: every layer sliding
   std::string drop_tensor;   // leave this tensor out
   std::string bad_shape;     // write this tensor with one element too many in ne[0]
+  std::vector<float> rope_freqs;  // written as rope_freqs.weight [kHeadDim/2] when not empty
   uint32_t seed = 7;
 };
 
@@ -112,6 +113,7 @@ std::string write_tiny_gemma3(const TinyOptions& o) {
   };
   tensor("token_embd.weight", kEmbd, (uint64_t)V, 0.5f, 0.0f);
   tensor("output_norm.weight", kEmbd, 0, 0.1f, 1.0f);
+  if (!o.rope_freqs.empty()) g.tensor("rope_freqs.weight", {(uint64_t)o.rope_freqs.size()}, o.rope_freqs);
   for (int l = 0; l < o.n_layer; l++) {
     const std::string p = "blk." + std::to_string(l) + ".";
     tensor(p + "attn_norm.weight", kEmbd, 0, 0.1f, 1.0f);
@@ -207,6 +209,32 @@ TEST(Gemma3, BadFilesGiveOneLineErrors) {
       EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
       const std::string name = o.drop_tensor.empty() ? o.bad_shape : o.drop_tensor;
       EXPECT_NE(msg.find(name), std::string::npos) << msg;
+    }
+    std::filesystem::remove(path);
+  }
+}
+
+// rope_freqs.weight (Llama 3.1's frequency divisors) is read when every layer shares one RoPE base, and
+// refused with one line when the layers have their own bases or a divisor is not a positive number.
+TEST(Gemma3, RopeFreqsAreReadOrRefusedWithOneLine) {
+  const std::vector<float> factors = {1.0f, 0.5f, 2.0f, 4.0f, 0.25f, 3.0f, 8.0f, 1.5f};
+  {
+    const std::string path = write_tiny_gemma3(TinyOptions{.window = 0, .rope_freqs = factors});
+    auto m = Model::load(path);
+    EXPECT_EQ(m->config().rope_freq_factors, factors);
+    std::filesystem::remove(path);
+  }
+  std::vector<float> negative = factors;
+  negative[2] = -1.0f;
+  for (const TinyOptions& o : {TinyOptions{.rope_freqs = factors}, TinyOptions{.window = 0, .rope_freqs = negative}}) {
+    const std::string path = write_tiny_gemma3(o);
+    try {
+      Model::load(path);
+      ADD_FAILURE() << "loaded a file with rope_freqs it cannot apply";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+      EXPECT_NE(msg.find("rope_freqs.weight"), std::string::npos) << msg;
     }
     std::filesystem::remove(path);
   }
