@@ -1,5 +1,8 @@
-// `kvzap inspect FILE [--json]`: prints a GGUF file's metadata (arrays abbreviated) and tensor table.
+// `kvzap inspect PATH [--json]`: prints a GGUF file's metadata (arrays abbreviated) and tensor table, or a
+// Hugging Face checkpoint folder's config.json, tokenizer and tensor table (shard by shard).
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -7,7 +10,9 @@
 
 #include "cli/command.h"
 #include "format/gguf.h"
+#include "format/hf_checkpoint.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_json.h"
 
 namespace kvzap::cli {
 namespace {
@@ -68,7 +73,97 @@ struct Totals {
   size_t n_bytes = 0;
 };
 
+// A Hugging Face folder: config.json as stored, the tokenizer kvzap reads from it, every tensor with its
+// dtype, shape and shard. The tokenizer's problems are reported, not thrown: inspecting is how one finds
+// out why a folder does not load.
+int run_inspect_hf(const std::string& dir, bool json, size_t max_items) {
+  const auto ck = hf::Checkpoint::open(dir);
+  nlohmann::json tok;
+  try {
+    const auto t = tokenizer_from_hf_dir(dir);
+    const TokenizerVocab& v = t->vocab();
+    tok = {{"kind", v.kind == TokenizerKind::SentencePiece ? "SentencePiece-style BPE (byte fallback)" : "byte-level BPE"},
+           {"n_vocab", t->n_vocab()}, {"n_merges", v.merges.size()}, {"bos_id", v.bos_id}, {"eos_id", v.eos_id},
+           {"add_bos", v.add_bos}};
+    if (!v.chat_template.empty()) {
+      tok["chat_template"] = clip(v.chat_template, json ? v.chat_template.size() : 160);
+    } else {
+      const ChatFormat fmt = detect_chat_format(v);
+      tok["chat_template_note"] = std::string("none in the folder; kvzap falls back to its built-in '") +
+                                  chat_format_name(fmt) + "' format";
+    }
+  } catch (const Error& e) {
+    tok = {{"error", e.what()}};
+  }
+  struct Row {
+    std::string name, dtype, shard;
+    std::vector<int64_t> shape;
+    size_t n_bytes;
+  };
+  std::vector<Row> rows;
+  std::map<std::string, Totals> by_type;
+  Totals all;
+  for (const std::string& name : ck->tensor_names()) {
+    const hf::Checkpoint::Entry* e = ck->find(name);
+    rows.push_back({name, e->tensor->dtype, std::filesystem::path(e->file->path()).filename().string(),
+                    e->tensor->shape, e->tensor->n_bytes});
+    for (Totals* tot : {&all, &by_type[e->tensor->dtype]}) {
+      tot->n_tensors++;
+      tot->n_elements += e->tensor->n_elements();
+      tot->n_bytes += e->tensor->n_bytes;
+    }
+  }
+  if (json) {
+    nlohmann::json tensors = nlohmann::json::array();
+    for (const Row& r : rows)
+      tensors.push_back({{"name", r.name}, {"dtype", r.dtype}, {"shape", r.shape}, {"n_bytes", r.n_bytes}, {"shard", r.shard}});
+    nlohmann::json types = nlohmann::json::object();
+    for (const auto& [name, tot] : by_type)
+      types[name] = {{"n_tensors", tot.n_tensors}, {"n_elements", tot.n_elements}, {"n_bytes", tot.n_bytes}};
+    nlohmann::json out = {{"path", dir}, {"format", "huggingface"}, {"config", ck->config()}, {"tokenizer", tok},
+                          {"weights_bytes", ck->weights_bytes()}, {"tensors", std::move(tensors)},
+                          {"totals", {{"n_tensors", all.n_tensors}, {"n_elements", all.n_elements},
+                                      {"n_bytes", all.n_bytes}, {"by_type", std::move(types)}}}};
+    std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return 0;
+  }
+  std::printf("%s: Hugging Face checkpoint, %llu bytes of safetensors\n", dir.c_str(),
+              (unsigned long long)ck->weights_bytes());
+  std::printf("\nconfig.json (%zu keys):\n", ck->config().size());
+  size_t key_w = 0;
+  for (const auto& [key, v] : ck->config().items()) key_w = std::max(key_w, key.size());
+  for (const auto& [key, v] : ck->config().items()) {
+    std::string shown;
+    if (v.is_array() && v.size() > max_items) {
+      nlohmann::json head(v.begin(), v.begin() + (std::ptrdiff_t)max_items);
+      shown = head.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      shown = shown.substr(0, shown.size() - 1) + ", ... (" + std::to_string(v.size()) + " items)]";
+    } else {
+      shown = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    }
+    std::printf("  %-*s  %s\n", (int)key_w, key.c_str(), clip(shown, 160).c_str());
+  }
+  std::printf("\ntokenizer:\n");
+  for (const auto& [key, v] : tok.items())
+    std::printf("  %-18s %s\n", key.c_str(), v.is_string() ? v.get<std::string>().c_str() : v.dump().c_str());
+  std::printf("\ntensors (%zu):\n", rows.size());
+  size_t name_w = 4, shard_w = 5;
+  for (const Row& r : rows) name_w = std::max(name_w, r.name.size()), shard_w = std::max(shard_w, r.shard.size());
+  std::printf("  %-*s  %-5s %-20s %12s  %s\n", (int)name_w, "name", "dtype", "shape", "bytes", "shard");
+  for (const Row& r : rows)
+    std::printf("  %-*s  %-5s %-20s %12zu  %s\n", (int)name_w, r.name.c_str(), r.dtype.c_str(),
+                shape_string(r.shape).c_str(), r.n_bytes, r.shard.c_str());
+  std::printf("\ntotals:\n");
+  for (const auto& [name, tot] : by_type)
+    std::printf("  %-5s %5zu tensors %14lld elements %14zu bytes\n", name.c_str(), tot.n_tensors,
+                (long long)tot.n_elements, tot.n_bytes);
+  std::printf("  all   %5zu tensors %14lld elements %14zu bytes (%.2f MiB)\n", all.n_tensors,
+              (long long)all.n_elements, all.n_bytes, all.n_bytes / (1024.0 * 1024.0));
+  return 0;
+}
+
 int run_inspect(const std::string& path, bool json, size_t max_items) {
+  if (hf::is_checkpoint_dir(path)) return run_inspect_hf(path, json, max_items);
   const auto f = gguf::File::open(path);
   Totals all;
   std::map<std::string, Totals> by_type;
@@ -135,13 +230,13 @@ int run_inspect(const std::string& path, bool json, size_t max_items) {
   return 0;
 }
 
-RegisterCommand reg("inspect", "Show a GGUF file's metadata and tensor table", [](CLI::App& sub) {
+RegisterCommand reg("inspect", "Show a GGUF file's (or Hugging Face folder's) metadata and tensor table", [](CLI::App& sub) {
   auto path = std::make_shared<std::string>();
   auto json = std::make_shared<bool>(false);
   auto max_items = std::make_shared<size_t>(8);
-  sub.add_option("file", *path, "GGUF file to inspect")->required();
+  sub.add_option("file", *path, "GGUF file, or Hugging Face checkpoint folder, to inspect")->required();
   sub.add_flag("--json", *json, "Print machine-readable JSON instead of tables");
-  sub.add_option("--max-items", *max_items, "Array items shown per metadata key")->capture_default_str();
+  sub.add_option("--max-items", *max_items, "Array items shown per metadata (config.json) key")->capture_default_str();
   return [=]() -> int { return run_inspect(*path, *json, *max_items); };
 });
 

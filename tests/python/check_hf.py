@@ -23,6 +23,12 @@ Everything is written by this script into a temporary folder (nothing downloaded
   3. negative controls: transformers with the wrong RoPE pairing (q/k rows of every head permuted to
      what adjacent pairing would mean), without the q/k norms, without Qwen2's biases, without Gemma's
      soft-cap, with Gemma's window one wider, or without the RoPE scaling must NOT match kvzap.
+  4. the same checkpoints converted to GGUF by llama.cpp's own convert_hf_to_gguf.py (hf_to_gguf.py, from
+     the llama-cpp-python sdist that scripts/build_llamacpp.sh fetches; SKIPPED without it): Llama, Qwen2,
+     Qwen3, both rope_scaling kinds (llama3 becomes rope_freqs.weight) and a 6-layer Gemma 3 (SentencePiece
+     vocabulary in the GGUF): the ids must equal transformers', the log-probs meet the same bounds through
+     the GGUF path, and with an f32 cache they are within 1e-4 of kvzap's on the folder.
+     `--gguf-only` runs only these.
 torch, transformers and tokenizers are test-only dependencies (pip install torch transformers
 tokenizers); without them the script prints SKIPPED lines and exits 0.
 Env: KVZAP_BIN (default <repo>/build/kvzap). Prints "N passed, M failed, K skipped"; exits 1 on failure.
@@ -54,6 +60,7 @@ TEXT = (
 
 results = {"passed": 0, "failed": 0, "skipped": 0}
 VERBOSE = "-v" in sys.argv[1:]
+GGUF_ONLY = "--gguf-only" in sys.argv[1:]  # only the checkpoints converted to GGUF
 
 
 def report(ok, line):
@@ -222,7 +229,8 @@ def build_model(arch, vocab, names_ids, seed, **extra):
     import torch
     import transformers as T
     torch.manual_seed(seed)
-    common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=extra.pop("num_hidden_layers", 2),
+                  num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=512, **names_ids)
     scaling = extra.pop("rope_scaling", None)
     if arch == "llama":
@@ -236,8 +244,13 @@ def build_model(arch, vocab, names_ids, seed, **extra):
                             **common, **extra)
         model = T.Qwen3ForCausalLM(cfg)
     else:
-        cfg = T.Gemma3TextConfig(rms_norm_eps=1e-6, head_dim=32, query_pre_attn_scalar=24, sliding_window=6,
-                                 layer_types=["sliding_attention", "full_attention"], final_logit_softcapping=3.0,
+        # layer_types None: transformers' default, 5 local layers to 1 global
+        types = extra.pop("layer_types", ["sliding_attention", "full_attention"])
+        if types is not None:
+            extra["layer_types"] = types
+        extra.setdefault("query_pre_attn_scalar", 24)
+        cfg = T.Gemma3TextConfig(rms_norm_eps=1e-6, head_dim=32, sliding_window=6,
+                                 final_logit_softcapping=3.0,
                                  **rope_kwargs(1e6, scaling, local_theta=10000.0), **common, **extra)
         model = T.Gemma3ForCausalLM(cfg)
     cfg._attn_implementation = "eager"
@@ -299,10 +312,12 @@ def permute_rope_pairs(model, arch):
                     norm.weight.copy_(norm.weight[idx])
 
 
-def check_model(label, d, model, text_path, tmp, controls=(), extra=(), tol=(TOL_MAX, TOL_MEAN), hf_model=None):
-    """kvzap on folder d against `model` (transformers); each control(model copy) must not match."""
+def check_model(label, d, model, text_path, tmp, controls=(), extra=(), tol=(TOL_MAX, TOL_MEAN), hf_model=None,
+                tok_dir=None):
+    """kvzap on folder (or GGUF file) d against `model` (transformers); each control(model copy) must not
+    match. tok_dir: the folder whose tokenizer gives the reference ids (default d)."""
     from transformers import PreTrainedTokenizerFast
-    tok = PreTrainedTokenizerFast.from_pretrained(d)
+    tok = PreTrainedTokenizerFast.from_pretrained(tok_dir or d)
     text = open(text_path, encoding="utf-8").read()
     ids = tok(text)["input_ids"]
     try:
@@ -343,6 +358,57 @@ def write_checkpoint(model, d, tok, names, **save_kw):
     save_tokenizer(tok, names, d, chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
 
 
+def check_gguf_conversions(tmp, toks, ids_of, text_path):
+    """The same checkpoints converted to GGUF by llama.cpp's convert_hf_to_gguf.py (hf_to_gguf.py) give the
+    same log-probs through kvzap's GGUF path: against transformers (f32 and f16 KV cache, same bounds as
+    the folders) and against kvzap on the folder itself (f32 cache)."""
+    import hf_to_gguf
+    root, why = hf_to_gguf.converter_root(tmp)
+    if root is None:
+        skip("checkpoints converted to GGUF: %s" % why)
+        return
+    r3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 32}
+    # (label, arch, tokenizer kind, pre-tokenizer, extra build args). Gemma 3: llama.cpp's converter writes
+    # neither the sliding-window pattern nor query_pre_attn_scalar, and llama.cpp assumes Gemma 3's 5 local
+    # : 1 global layers and 1/sqrt(head_dim) (both true of every Gemma 3 but the 27B's scale), so this
+    # model has 6 layers and query_pre_attn_scalar = head_dim.
+    cases = [("llama", "llama", "llama3", "llama-bpe", {}),
+             ("qwen2", "qwen2", "qwen2", "qwen2", {}),
+             ("qwen3", "qwen3", "qwen2", "qwen2", {}),
+             ("llama rope_scaling llama3", "llama", "llama3", "llama-bpe", {"rope_scaling": r3}),
+             ("qwen2 rope_scaling linear", "qwen2", "qwen2", "qwen2", {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}),
+             ("gemma3 6 layers", "gemma3", "gemma", None, {"num_hidden_layers": 6, "layer_types": None,
+                                                             "query_pre_attn_scalar": 32})]
+    for n, (label, arch, kind, pre, extra) in enumerate(cases):
+        tok, names = toks[kind]
+        model = build_model(arch, len(tok.get_vocab()), ids_of(tok, names), 100 + n, **extra)
+        d = os.path.join(tmp, "conv-%d" % n)
+        write_checkpoint(model, d, tok, names)
+        g = d + ".gguf"
+        try:
+            hf_to_gguf.convert(root, d, g, pre=pre, spm=pre is None)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            report(False, "%s -> GGUF: %s" % (label, e))
+            continue
+        ref = model
+        if arch == "gemma3":  # kvzap's GeGLU rounds GELU to f16 as ggml does (see main)
+            ref = copy.deepcopy(model)
+            for layer in ref.model.layers:
+                layer.mlp.act_fn = GeluF16()
+        gl = "%s -> GGUF (convert_hf_to_gguf.py, f32)" % label
+        check_model(gl, g, model, text_path, tmp, tok_dir=d, hf_model=ref)
+        lp_gguf = check_model(gl + ", --kv-type f32", g, model, text_path, tmp, extra=["--kv-type", "f32"],
+                              tol=(1e-3, 1e-4), hf_model=ref, tok_dir=d)
+        if lp_gguf is None:
+            continue
+        _, lp_dir, _ = kvzap_logprobs(d, text_path, tmp, ["--kv-type", "f32"])
+        mx, mean = diff(lp_gguf, lp_dir)
+        report(mx <= 1e-4 and lp_gguf.shape == lp_dir.shape,
+               "%s: GGUF path vs the folder's, f32 cache: log-prob |diff| max %.2e mean %.2e (bound 1e-4)"
+               % (label, mx, mean))
+
+
 def main():
     try:
         import numpy  # noqa: F401
@@ -363,7 +429,8 @@ def main():
         toks = {k: byte_level_tokenizer(k) for k in ("llama3", "qwen2", "smollm")}
         toks["gemma"] = gemma_tokenizer()
         for kind, (tok, names) in toks.items():
-            check_tokenizer(kind, tok, names, tmp)
+            if not GGUF_ONLY:
+                check_tokenizer(kind, tok, names, tmp)
 
         kv_f32 = "--kv-type" in run(["perplexity", "--help"]).stdout
         text_path = os.path.join(tmp, "text.txt")
@@ -402,7 +469,7 @@ def main():
             ("gemma3", "gemma", 0, [rope, ("no q/k norm", no_qk_norm), ("no final soft-cap", no_softcap),
                                     ("sliding window one wider", wider_window)]),
         ]
-        for seed, (arch, kind, pad, controls) in enumerate(specs):
+        for seed, (arch, kind, pad, controls) in enumerate([] if GGUF_ONLY else specs):
             tok, names = toks[kind]
             vocab = len(tok.get_vocab()) + pad
             model = build_model(arch, vocab, ids_of(tok, names), seed + 1)
@@ -459,6 +526,8 @@ def main():
                 def unscaled2(m, plain=plain):
                     m.model.rotary_emb = plain.model.rotary_emb
                 check_model("qwen2 rope_scaling linear", d2, m2, text_path, tmp, [("RoPE scaling ignored", unscaled2)])
+        if kv_f32:
+            check_gguf_conversions(tmp, toks, ids_of, text_path)
     print("%d passed, %d failed, %d skipped" % (results["passed"], results["failed"], results["skipped"]))
     return 1 if results["failed"] else 0
 

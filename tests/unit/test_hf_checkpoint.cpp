@@ -11,6 +11,7 @@
 #include "format/safetensors.h"
 #include "kvzap/error.h"
 #include "model/model.h"
+#include "test_support.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/tokenizer_json.h"
 
@@ -129,6 +130,38 @@ TEST_F(HfCheckpoint, LoadsTinyLlama) {
   EXPECT_EQ(tok.vocab().eos_id, 257);
   EXPECT_TRUE(tok.is_eog(257));
   EXPECT_EQ(tok.vocab().chat_template, "{{ messages[0]['content'] }}");
+}
+
+// `kvzap inspect DIR`: config.json as stored, the tokenizer kvzap reads, every tensor with its shard; a
+// broken tokenizer is reported in the output (inspecting is how one finds out why a folder fails).
+TEST_F(HfCheckpoint, InspectShowsConfigTokenizerAndTensors) {
+  const auto r = kvzap::test::run_kvzap("inspect '" + dir.string() + "' --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["format"], "huggingface");
+  EXPECT_EQ(j["config"], tiny_config());
+  EXPECT_EQ(j["tokenizer"]["n_vocab"], 258);
+  EXPECT_EQ(j["tokenizer"]["kind"], "byte-level BPE");
+  EXPECT_EQ(j["tokenizer"]["chat_template"], "{{ messages[0]['content'] }}");
+  const auto tensors = tiny_tensors();
+  ASSERT_EQ(j["tensors"].size(), tensors.size());
+  size_t bytes = 0;
+  for (const auto& t : tensors) bytes += t.values.size() * 4;
+  EXPECT_EQ(j["totals"]["n_bytes"].get<size_t>(), bytes);
+  EXPECT_EQ(j["tensors"][0]["shard"], "model.safetensors");
+  EXPECT_EQ(j["tensors"][0]["name"], "model.embed_tokens.weight");  // sorted by name
+  EXPECT_EQ(j["tensors"][0]["shape"], json({kVocab, kEmbd}));
+
+  const auto text = kvzap::test::run_kvzap("inspect '" + dir.string() + "'");
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("Hugging Face checkpoint"), std::string::npos);
+  EXPECT_NE(text.out.find("model.layers.0.mlp.down_proj.weight"), std::string::npos);
+
+  write_text(dir / "tokenizer.json", "{");
+  const auto broken = kvzap::test::run_kvzap("inspect '" + dir.string() + "' --json");
+  ASSERT_EQ(broken.exit_code, 0) << broken.err;
+  const std::string err = json::parse(broken.out)["tokenizer"]["error"];
+  EXPECT_NE(err.find("tokenizer.json"), std::string::npos) << err;
 }
 
 TEST_F(HfCheckpoint, Bf16AndQuantisedMatrices) {
