@@ -68,41 +68,48 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
 
 void Checkpoint::config_error(const std::string& problem) const { throw Error(config_path_ + ": " + problem); }
 
+void Checkpoint::descend(const std::string& key) {
+  auto it = fields_->find(key);
+  if (it == fields_->end() || !it->is_object()) config_error("missing object '" + field_prefix_ + key + "'");
+  fields_ = &*it;
+  field_prefix_ += key + ".";
+}
+
 std::optional<int64_t> Checkpoint::get_int_opt(const std::string& key) const {
-  auto it = config_.find(key);
-  if (it == config_.end() || it->is_null()) return std::nullopt;
-  if (!it->is_number_integer()) config_error("field '" + key + "' must be an integer");
+  auto it = fields_->find(key);
+  if (it == fields_->end() || it->is_null()) return std::nullopt;
+  if (!it->is_number_integer()) config_error("field '" + field_prefix_ + key + "' must be an integer");
   return it->get<int64_t>();
 }
 
 int64_t Checkpoint::get_int(const std::string& key) const {
   if (auto v = get_int_opt(key)) return *v;
-  config_error("missing field '" + key + "'");
+  config_error("missing field '" + field_prefix_ + key + "'");
 }
 
 std::optional<double> Checkpoint::get_float_opt(const std::string& key) const {
-  auto it = config_.find(key);
-  if (it == config_.end() || it->is_null()) return std::nullopt;
-  if (!it->is_number()) config_error("field '" + key + "' must be a number");
+  auto it = fields_->find(key);
+  if (it == fields_->end() || it->is_null()) return std::nullopt;
+  if (!it->is_number()) config_error("field '" + field_prefix_ + key + "' must be a number");
   return it->get<double>();
 }
 
 double Checkpoint::get_float(const std::string& key) const {
   if (auto v = get_float_opt(key)) return *v;
-  config_error("missing field '" + key + "'");
+  config_error("missing field '" + field_prefix_ + key + "'");
 }
 
 std::optional<std::string> Checkpoint::get_string_opt(const std::string& key) const {
-  auto it = config_.find(key);
-  if (it == config_.end() || it->is_null()) return std::nullopt;
-  if (!it->is_string()) config_error("field '" + key + "' must be a string");
+  auto it = fields_->find(key);
+  if (it == fields_->end() || it->is_null()) return std::nullopt;
+  if (!it->is_string()) config_error("field '" + field_prefix_ + key + "' must be a string");
   return it->get<std::string>();
 }
 
 std::optional<bool> Checkpoint::get_bool_opt(const std::string& key) const {
-  auto it = config_.find(key);
-  if (it == config_.end() || it->is_null()) return std::nullopt;
-  if (!it->is_boolean()) config_error("field '" + key + "' must be true or false");
+  auto it = fields_->find(key);
+  if (it == fields_->end() || it->is_null()) return std::nullopt;
+  if (!it->is_boolean()) config_error("field '" + field_prefix_ + key + "' must be true or false");
   return it->get<bool>();
 }
 

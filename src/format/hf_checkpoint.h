@@ -22,12 +22,19 @@ class Checkpoint {
  public:
   // Reads config.json and maps every shard; checks that each weight_map entry is in its shard.
   static std::unique_ptr<Checkpoint> open(const std::string& dir);
+  Checkpoint(const Checkpoint&) = delete;  // fields_ points into config_
+  Checkpoint& operator=(const Checkpoint&) = delete;
 
   const std::string& dir() const { return dir_; }
   const std::string& config_path() const { return config_path_; }
   const nlohmann::json& config() const { return config_; }
 
-  // config.json fields; a missing required field or a value of the wrong type is one line naming the file.
+  // The object the field getters read: config.json itself, or after descend(key) one of its sub-objects
+  // (a multimodal model's "text_config"); errors then name the field as "key.field".
+  const nlohmann::json& fields() const { return *fields_; }
+  void descend(const std::string& key);
+
+  // Fields of fields(); a missing required field or a value of the wrong type is one line naming the file.
   int64_t get_int(const std::string& key) const;
   std::optional<int64_t> get_int_opt(const std::string& key) const;
   double get_float(const std::string& key) const;
@@ -52,6 +59,8 @@ class Checkpoint {
   Checkpoint() = default;
   std::string dir_, config_path_;
   nlohmann::json config_;
+  const nlohmann::json* fields_ = &config_;
+  std::string field_prefix_;  // "" or "text_config."
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, Entry> entries_;
   uint64_t weights_bytes_ = 0;

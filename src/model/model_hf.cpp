@@ -1,6 +1,7 @@
 // Hugging Face checkpoints: config.json + safetensors (format/hf_checkpoint.h) + tokenizer.json
 // (tokenizer/tokenizer_json.h), for LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and
-// Gemma3ForCausalLM (text). The result is the same Model a GGUF file gives, so the forward pass does
+// Gemma3ForCausalLM, and the text model of Gemma3ForConditionalGeneration (its vision tower is left
+// unread). The result is the same Model a GGUF file gives, so the forward pass does
 // not know where the weights came from. What differs from GGUF:
 //   - HF's [out, in] row-major matrices are GGUF's ne = {in, out}: F32/F16/BF16 ones are used in place
 //     (zero-copy from the mapping) unless --quantize re-encodes them at load;
@@ -32,13 +33,25 @@ struct HfArch {
   bool qkv_bias, qk_norm, gemma;
   bool tied_default;    // the config class's tie_word_embeddings (save_pretrained omits it when equal)
   double rope_theta_default;
+  // An image-text model: the text model's fields are in config.json's "text_config" and its tensors under
+  // language_model.model. (transformers 4 layout, also what 5 saves) or model.language_model.; the vision
+  // tower and the projector are not loaded (kvzap is text-only).
+  bool multimodal = false;
 };
 constexpr HfArch kArchs[] = {
     {"LlamaForCausalLM", "llama", false, false, false, false, 10000.0},
     {"Qwen2ForCausalLM", "qwen2", true, false, false, false, 10000.0},
     {"Qwen3ForCausalLM", "qwen3", false, true, false, false, 10000.0},
     {"Gemma3ForCausalLM", "gemma3", false, true, true, true, 1000000.0},
+    {"Gemma3ForConditionalGeneration", "gemma3", false, true, true, true, 1000000.0, true},
 };
+
+// Tensors of a multimodal checkpoint that belong to the image side.
+bool is_vision_tensor(const std::string& name) {
+  for (const char* p : {"vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector."})
+    if (name.rfind(p, 0) == 0) return true;
+  return false;
+}
 
 // RoPE of one kind of layer: base and scaling (an object with rope_type/type, or null).
 struct RopeParams {
@@ -49,7 +62,7 @@ struct RopeParams {
 // Reads rope_parameters (transformers 5: {rope_theta, rope_type, ...}, or one such object per layer type)
 // or rope_theta + rope_scaling (transformers 4).
 RopeParams rope_params(const hf::Checkpoint& ck, const char* layer_type, double theta_default, double legacy_theta) {
-  const nlohmann::json& cfg = ck.config();
+  const nlohmann::json& cfg = ck.fields();
   RopeParams r;
   if (auto it = cfg.find("rope_parameters"); it != cfg.end() && !it->is_null()) {
     const nlohmann::json* p = &*it;
@@ -212,9 +225,8 @@ std::unique_ptr<Model> Model::load_hf(const std::string& dir, const LoadOptions&
   m->weights_path_ = ck.first_shard();
   m->weights_file_bytes_ = ck.weights_bytes();
 
-  const nlohmann::json& cfg = ck.config();
-  auto archs = cfg.find("architectures");
-  if (archs == cfg.end() || !archs->is_array() || archs->empty() || !(*archs)[0].is_string())
+  auto archs = ck.config().find("architectures");
+  if (archs == ck.config().end() || !archs->is_array() || archs->empty() || !(*archs)[0].is_string())
     ck.config_error("missing field 'architectures'");
   const std::string hf_name = (*archs)[0].get<std::string>();
   const HfArch* spec = nullptr;
@@ -225,6 +237,8 @@ std::unique_ptr<Model> Model::load_hf(const std::string& dir, const LoadOptions&
     for (const HfArch& a : kArchs) known += (known.empty() ? "" : ", ") + std::string(a.hf_name);
     ck.config_error("unsupported architecture '" + hf_name + "' (supported: " + known + ")");
   }
+  if (spec->multimodal) m->hf_->descend("text_config");
+  const nlohmann::json& cfg = ck.fields();
 
   ModelConfig& c = m->config_;
   c.arch = spec->arch;
@@ -294,7 +308,13 @@ std::unique_ptr<Model> Model::load_hf(const std::string& dir, const LoadOptions&
     c.attn_scale = 1.0f / std::sqrt((float)q);
     if (auto cap = ck.get_float_opt("final_logit_softcapping")) {
       if (*cap < 0) ck.config_error("field 'final_logit_softcapping' must not be negative");
-      c.final_logit_softcap = (float)*cap;
+      // transformers' Gemma3ForConditionalGeneration never applies it (only Gemma3ForCausalLM does);
+      // released Gemma 3 configs have it null, so this only matters for hand-made ones.
+      if (spec->multimodal)
+        std::fprintf(stderr, "kvzap: %s: text_config.final_logit_softcapping is ignored, as transformers does\n",
+                     hf_name.c_str());
+      else
+        c.final_logit_softcap = (float)*cap;
     }
     if (auto cap = ck.get_float_opt("attn_logit_softcapping"); cap && *cap > 0)
       ck.config_error("attention logit soft-capping ('attn_logit_softcapping') is not supported");
@@ -316,15 +336,21 @@ std::unique_ptr<Model> Model::load_hf(const std::string& dir, const LoadOptions&
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t E = c.n_embd, Dq = (int64_t)c.n_head * c.head_dim, Dkv = (int64_t)c.n_head_kv * c.head_dim;
   const float norm_add = spec->gemma ? 1.0f : 0.0f;
-  w.token_embd = ld.matrix("model.embed_tokens.weight", c.n_vocab, E);
-  w.output_norm = ld.vec("model.norm.weight", E, norm_add);
+  // Where the text model's tensors are: "model." or, for an image-text model, under its language model.
+  std::string tp = "model.", lm_head = "lm_head.weight";
+  if (spec->multimodal) {
+    tp = ck.find("language_model.model.embed_tokens.weight") ? "language_model.model." : "model.language_model.";
+    if (tp == "language_model.model." && ck.find("language_model.lm_head.weight")) lm_head = "language_model.lm_head.weight";
+  }
+  w.token_embd = ld.matrix(tp + "embed_tokens.weight", c.n_vocab, E);
+  w.output_norm = ld.vec(tp + "norm.weight", E, norm_add);
   const bool tied = ck.get_bool_opt("tie_word_embeddings").value_or(spec->tied_default);
-  if (ck.find("lm_head.weight")) w.output = ld.matrix("lm_head.weight", c.n_vocab, E);
+  if (ck.find(lm_head)) w.output = ld.matrix(lm_head, c.n_vocab, E);
   else if (tied) w.output = w.token_embd;
-  else ld.get("lm_head.weight", {c.n_vocab, E});  // throws: missing tensor
+  else ld.get(lm_head, {c.n_vocab, E});  // throws: missing tensor
   w.layers.resize(c.n_layer);
   for (int l = 0; l < c.n_layer; l++) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const std::string p = tp + "layers." + std::to_string(l) + ".";
     LayerWeights& L = w.layers[l];
     L.attn_norm = ld.vec(p + "input_layernorm.weight", E, norm_add);
     L.wq = ld.matrix(p + "self_attn.q_proj.weight", Dq, E);
@@ -352,11 +378,19 @@ std::unique_ptr<Model> Model::load_hf(const std::string& dir, const LoadOptions&
     L.down = ld.matrix(p + "mlp.down_proj.weight", E, c.n_ff);
   }
   // A tensor nobody reads means a variant this loader does not know (e.g. an o_proj bias): refuse it.
+  int n_vision = 0;
   for (const std::string& name : ck.tensor_names()) {
     if (ld.used.count(name)) continue;
+    if (spec->multimodal && is_vision_tensor(name)) {
+      n_vision++;
+      continue;
+    }
     if (name.size() >= 19 && name.compare(name.size() - 19, 19, "rotary_emb.inv_freq") == 0) continue;  // old buffers
     throw Error(ck.find(name)->file->path() + ": unexpected tensor '" + name + "' (not part of a " + hf_name + ")");
   }
+  if (n_vision)
+    std::fprintf(stderr, "kvzap: %s: text model only; the vision tower and projector (%d tensors) are not loaded\n",
+                 hf_name.c_str(), n_vision);
   if (opt.quantize != GgmlType::F32) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const std::string fallback =

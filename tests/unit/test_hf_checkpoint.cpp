@@ -208,6 +208,60 @@ TEST_F(HfCheckpoint, WrongShape) {
       << e;
 }
 
+// Gemma3ForConditionalGeneration: the text model's fields come from text_config (errors name them so), its
+// tensors from under language_model.model., and the vision tower is left unread; any other leftover
+// tensor is still refused.
+TEST_F(HfCheckpoint, Gemma3ImageTextModelLoadsItsTextModel) {
+  const int64_t D = kEmbd / kHeads;
+  json text = tiny_config();
+  text.erase("architectures");
+  text["head_dim"] = D;
+  text["hidden_activation"] = "gelu_pytorch_tanh";
+  text["layer_types"] = {"full_attention"};
+  text["query_pre_attn_scalar"] = D;
+  json top = {{"architectures", {"Gemma3ForConditionalGeneration"}}, {"model_type", "gemma3"}, {"text_config", text},
+              {"vision_config", {{"hidden_size", 8}}}, {"tie_word_embeddings", true}};
+  write_text(dir / "config.json", top.dump());
+  std::vector<kvzap::TensorToWrite> t;
+  for (kvzap::TensorToWrite x : tiny_tensors()) {
+    x.name = "language_model." + x.name;
+    if (x.name.find("post_attention_layernorm") != std::string::npos) {  // Gemma: four norms per layer
+      for (const char* n : {"pre_feedforward_layernorm", "post_feedforward_layernorm"}) {
+        kvzap::TensorToWrite y = x;
+        y.name = "language_model.model.layers.0." + std::string(n) + ".weight";
+        t.push_back(y);
+      }
+    }
+    t.push_back(x);
+  }
+  for (const char* n : {"q_norm", "k_norm"})
+    t.push_back({"language_model.model.layers.0.self_attn." + std::string(n) + ".weight", "F32", {D}, std::vector<float>((size_t)D, 0.0f)});
+  t.push_back({"vision_tower.vision_model.embeddings.patch_embedding.weight", "F32", {8, 3}, std::vector<float>(24, 0.5f)});
+  t.push_back({"multi_modal_projector.mm_input_projection_weight", "F32", {8, kEmbd}, std::vector<float>(8 * kEmbd, 0.5f)});
+  kvzap::write_safetensors((dir / "model.safetensors").string(), t);
+  const auto m = kvzap::Model::load(dir.string());
+  EXPECT_EQ(m->config().arch, "gemma3");
+  EXPECT_EQ(m->config().n_embd, kEmbd);
+  EXPECT_EQ(m->config().head_dim, D);
+  EXPECT_EQ(m->weights().output.data, m->weights().token_embd.data);  // tied
+  ASSERT_NE(m->weights().layers[0].ffn_post_norm, nullptr);
+  EXPECT_FLOAT_EQ(m->weights().layers[0].q_norm[0], 1.0f);  // (1 + w) with w = 0
+
+  t.push_back({"language_model.model.layers.0.self_attn.o_proj.bias", "F32", {kEmbd}, std::vector<float>(kEmbd, 0.0f)});
+  kvzap::write_safetensors((dir / "model.safetensors").string(), t);
+  std::string e = load_error();
+  EXPECT_NE(e.find("unexpected tensor 'language_model.model.layers.0.self_attn.o_proj.bias'"), std::string::npos) << e;
+
+  top["text_config"].erase("hidden_size");
+  write_text(dir / "config.json", top.dump());
+  e = load_error();
+  EXPECT_NE(e.find("config.json: missing field 'text_config.hidden_size'"), std::string::npos) << e;
+  top.erase("text_config");
+  write_text(dir / "config.json", top.dump());
+  e = load_error();
+  EXPECT_NE(e.find("config.json: missing object 'text_config'"), std::string::npos) << e;
+}
+
 TEST_F(HfCheckpoint, UnknownArchitecture) {
   edit_config([](json& c) { c["architectures"] = {"MambaForCausalLM"}; });
   const std::string e = load_error();
