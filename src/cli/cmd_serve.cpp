@@ -29,7 +29,9 @@ struct ServeArgs {
 };
 
 // Sends SIGINT/SIGTERM to one waiting thread: the first drains (running requests may finish within the
-// grace period), a second one stops at once.
+// grace period), a second one stops at once. The thread touches the scheduler only under mu_, and
+// set_scheduler(nullptr) (before the scheduler is destroyed) waits for it, so a signal that arrives while
+// main is shutting down never reaches a destroyed scheduler; the destructor wakes and joins the thread.
 class ShutdownWatcher {
  public:
   explicit ShutdownWatcher(double grace_s) : grace_s_(grace_s) {
@@ -38,7 +40,13 @@ class ShutdownWatcher {
     sigaddset(&set_, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &set_, nullptr);  // before any other thread starts: they inherit the mask
   }
-  void start() { std::thread([this] { watch(); }).detach(); }
+  ~ShutdownWatcher() {
+    if (!thread_.joinable()) return;
+    closing_ = true;
+    pthread_kill(thread_.native_handle(), SIGTERM);  // ends its sigwait / sigtimedwait
+    thread_.join();
+  }
+  void start() { thread_ = std::thread([this] { watch(); }); }
   void set_scheduler(server::Scheduler* s) {
     std::lock_guard<std::mutex> lock(mu_);
     scheduler_ = s;
@@ -46,29 +54,37 @@ class ShutdownWatcher {
   bool requested() const { return requested_.load(); }
 
  private:
+  // Runs f on the scheduler while holding mu_; false when there is none (still loading, or shut down).
+  template <class F>
+  bool with_scheduler(F&& f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!scheduler_) return false;
+    f(*scheduler_);
+    return true;
+  }
   void watch() {
     int sig = 0;
     sigwait(&set_, &sig);
+    if (closing_) return;
     requested_ = true;
     std::fprintf(stderr, "[serve] %s: finishing running requests (at most %.0f s), then exiting\n", sig == SIGINT ? "SIGINT" : "SIGTERM", grace_s_);
-    server::Scheduler* s;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      s = scheduler_;
-    }
-    if (!s) return;  // still loading: main sees requested() once the model is in
-    s->drain();
+    // Still loading: main sees requested() once the model is in.
+    if (!with_scheduler([](server::Scheduler& s) { s.drain(); })) return;
     const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s_);
     timespec tick{0, 100 * 1000 * 1000};
-    while (!s->idle() && std::chrono::steady_clock::now() < until)
+    bool idle = false;
+    while (!closing_ && std::chrono::steady_clock::now() < until) {
+      if (!with_scheduler([&](server::Scheduler& s) { idle = s.idle(); }) || idle) break;
       if (sigtimedwait(&set_, nullptr, &tick) > 0) break;  // a second signal: stop now
-    s->stop();
+    }
+    with_scheduler([](server::Scheduler& s) { s.stop(); });
   }
   double grace_s_;
   sigset_t set_;
   std::mutex mu_;
   server::Scheduler* scheduler_ = nullptr;
-  std::atomic<bool> requested_{false};
+  std::atomic<bool> requested_{false}, closing_{false};
+  std::thread thread_;
 };
 
 int run_serve(const ServeArgs& a) {
@@ -102,7 +118,8 @@ int run_serve(const ServeArgs& a) {
   std::thread http_thread([&] { http.listen(); });
   std::fprintf(stderr, "[serve] listening on http://%s:%d, loading %s\n", a.host.c_str(), a.port, model_path.c_str());
 
-  auto stop_http = [&] {
+  auto stop_http = [&] {  // idempotent: the normal path, an exception and the guard below may all call it
+    if (!http_thread.joinable()) return;
     http.stop();
     http_thread.join();
   };
@@ -135,6 +152,16 @@ int run_serve(const ServeArgs& a) {
     server::Scheduler scheduler(engine, so, metrics);
     http.attach(*model, engine, scheduler, d);
     watcher.set_scheduler(&scheduler);
+    // Destroyed before the scheduler (and the engine and model the handlers use), also when run()
+    // throws: first the HTTP threads stop, then the watcher lets go of the scheduler.
+    struct Unwatch {
+      ShutdownWatcher& w;
+      ~Unwatch() { w.set_scheduler(nullptr); }
+    } unwatch{watcher};
+    struct StopHttp {
+      decltype(stop_http)& stop;
+      ~StopHttp() { stop(); }
+    } stop_http_first{stop_http};
     if (watcher.requested()) scheduler.stop();
     // The token count makes the f32 cost visible: the same budget holds half as many f32 tokens.
     std::fprintf(stderr, "[serve] ready: %s, %d threads, context %lld, %d parallel, KV budget %.1f MiB of %s K/V "

@@ -311,6 +311,32 @@ def test_api_key():
         assert s.stop() == 0
 
 
+def test_second_signal_stops_at_once():
+    """A long grace period, a running stream, then SIGTERM twice: the second one ends the drain at once and
+    the server exits 0 (the watcher thread and main's shutdown must not race over the scheduler)."""
+    s = Server("--shutdown-grace", "600")
+
+    def stream():
+        try:
+            with s.client() as c, c.stream("POST", "/v1/completions", json={
+                    "prompt": "Go on", "max_tokens": 4000, "stream": True, "ignore_eos": True}) as r:
+                for _ in r.iter_lines():
+                    pass
+        except httpx.HTTPError:
+            pass
+
+    t = threading.Thread(target=stream)
+    t.start()
+    s.wait_metrics(lambda m: m["kvzap:num_requests_running"] == 1)
+    start = time.time()
+    s.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert s.proc.poll() is None, "exited before the grace period on the first signal"
+    assert s.stop(signal.SIGTERM) == 0, s.log_text()
+    assert time.time() - start < 20
+    t.join(10)
+
+
 def test_sigterm_mid_stream_exits_cleanly():
     s = Server("--shutdown-grace", "1")
     got = []
