@@ -71,7 +71,28 @@ struct Totals {
   size_t n_tensors = 0;
   int64_t n_elements = 0;
   size_t n_bytes = 0;
+  void add(int64_t elements, size_t bytes) { n_tensors++, n_elements += elements, n_bytes += bytes; }
 };
+
+// {"n_tensors", "n_elements", "n_bytes", "by_type": {type: the same}}
+nlohmann::json totals_json(const std::map<std::string, Totals>& by_type, const Totals& all) {
+  auto one = [](const Totals& t) {
+    return nlohmann::json{{"n_tensors", t.n_tensors}, {"n_elements", t.n_elements}, {"n_bytes", t.n_bytes}};
+  };
+  nlohmann::json out = one(all), types = nlohmann::json::object();
+  for (const auto& [name, tot] : by_type) types[name] = one(tot);
+  out["by_type"] = std::move(types);
+  return out;
+}
+
+void print_totals(const std::map<std::string, Totals>& by_type, const Totals& all) {
+  std::printf("\ntotals:\n");
+  for (const auto& [name, tot] : by_type)
+    std::printf("  %-5s %5zu tensors %14lld elements %14zu bytes\n", name.c_str(), tot.n_tensors,
+                (long long)tot.n_elements, tot.n_bytes);
+  std::printf("  all   %5zu tensors %14lld elements %14zu bytes (%.2f MiB)\n", all.n_tensors,
+              (long long)all.n_elements, all.n_bytes, all.n_bytes / (1024.0 * 1024.0));
+}
 
 // A Hugging Face folder: config.json as stored, the tokenizer kvzap reads from it, every tensor with its
 // dtype, shape and shard. The tokenizer's problems are reported, not thrown: inspecting is how one finds
@@ -107,23 +128,15 @@ int run_inspect_hf(const std::string& dir, bool json, size_t max_items) {
     const hf::Checkpoint::Entry* e = ck->find(name);
     rows.push_back({name, e->tensor->dtype, std::filesystem::path(e->file->path()).filename().string(),
                     e->tensor->shape, e->tensor->n_bytes});
-    for (Totals* tot : {&all, &by_type[e->tensor->dtype]}) {
-      tot->n_tensors++;
-      tot->n_elements += e->tensor->n_elements();
-      tot->n_bytes += e->tensor->n_bytes;
-    }
+    for (Totals* tot : {&all, &by_type[e->tensor->dtype]}) tot->add(e->tensor->n_elements(), e->tensor->n_bytes);
   }
   if (json) {
     nlohmann::json tensors = nlohmann::json::array();
     for (const Row& r : rows)
       tensors.push_back({{"name", r.name}, {"dtype", r.dtype}, {"shape", r.shape}, {"n_bytes", r.n_bytes}, {"shard", r.shard}});
-    nlohmann::json types = nlohmann::json::object();
-    for (const auto& [name, tot] : by_type)
-      types[name] = {{"n_tensors", tot.n_tensors}, {"n_elements", tot.n_elements}, {"n_bytes", tot.n_bytes}};
     nlohmann::json out = {{"path", dir}, {"format", "huggingface"}, {"config", ck->config()}, {"tokenizer", tok},
                           {"weights_bytes", ck->weights_bytes()}, {"tensors", std::move(tensors)},
-                          {"totals", {{"n_tensors", all.n_tensors}, {"n_elements", all.n_elements},
-                                      {"n_bytes", all.n_bytes}, {"by_type", std::move(types)}}}};
+                          {"totals", totals_json(by_type, all)}};
     std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return 0;
   }
@@ -153,12 +166,7 @@ int run_inspect_hf(const std::string& dir, bool json, size_t max_items) {
   for (const Row& r : rows)
     std::printf("  %-*s  %-5s %-20s %12zu  %s\n", (int)name_w, r.name.c_str(), r.dtype.c_str(),
                 shape_string(r.shape).c_str(), r.n_bytes, r.shard.c_str());
-  std::printf("\ntotals:\n");
-  for (const auto& [name, tot] : by_type)
-    std::printf("  %-5s %5zu tensors %14lld elements %14zu bytes\n", name.c_str(), tot.n_tensors,
-                (long long)tot.n_elements, tot.n_bytes);
-  std::printf("  all   %5zu tensors %14lld elements %14zu bytes (%.2f MiB)\n", all.n_tensors,
-              (long long)all.n_elements, all.n_bytes, all.n_bytes / (1024.0 * 1024.0));
+  print_totals(by_type, all);
   return 0;
 }
 
@@ -168,11 +176,7 @@ int run_inspect(const std::string& path, bool json, size_t max_items) {
   Totals all;
   std::map<std::string, Totals> by_type;
   for (const auto& t : f->tensors()) {
-    for (Totals* tot : {&all, &by_type[type_name(t.type)]}) {
-      tot->n_tensors++;
-      tot->n_elements += t.n_elements();
-      tot->n_bytes += t.n_bytes;
-    }
+    for (Totals* tot : {&all, &by_type[type_name(t.type)]}) tot->add(t.n_elements(), t.n_bytes);
   }
 
   if (json) {
@@ -193,12 +197,8 @@ int run_inspect(const std::string& path, bool json, size_t max_items) {
       tensors.push_back({{"name", t.name}, {"type", type_name(t.type)}, {"ne", t.ne}, {"n_bytes", t.n_bytes},
                          {"offset", t.offset}});
     out["tensors"] = std::move(tensors);
-    nlohmann::json types = nlohmann::json::object();
-    for (const auto& [name, tot] : by_type)
-      types[name] = {{"n_tensors", tot.n_tensors}, {"n_elements", tot.n_elements}, {"n_bytes", tot.n_bytes}};
     if (const std::string note = chat_template_note(*f); !note.empty()) out["chat_template_note"] = note;
-    out["totals"] = {{"n_tensors", all.n_tensors}, {"n_elements", all.n_elements}, {"n_bytes", all.n_bytes},
-                     {"by_type", std::move(types)}};
+    out["totals"] = totals_json(by_type, all);
     // Metadata strings are not guaranteed to be valid UTF-8: replace bad bytes rather than fail.
     std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return 0;
@@ -221,12 +221,7 @@ int run_inspect(const std::string& path, bool json, size_t max_items) {
   for (const auto& t : f->tensors())
     std::printf("  %-*s  %-5s %-20s %12zu %12llu\n", (int)name_w, t.name.c_str(), type_name(t.type),
                 shape_string(t.ne).c_str(), t.n_bytes, (unsigned long long)t.offset);
-  std::printf("\ntotals:\n");
-  for (const auto& [name, tot] : by_type)
-    std::printf("  %-5s %5zu tensors %14lld elements %14zu bytes\n", name.c_str(), tot.n_tensors,
-                (long long)tot.n_elements, tot.n_bytes);
-  std::printf("  all   %5zu tensors %14lld elements %14zu bytes (%.2f MiB)\n", all.n_tensors,
-              (long long)all.n_elements, all.n_bytes, all.n_bytes / (1024.0 * 1024.0));
+  print_totals(by_type, all);
   return 0;
 }
 
