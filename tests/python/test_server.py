@@ -311,21 +311,22 @@ def test_api_key():
         assert s.stop() == 0
 
 
+def stream_long_completion(s, got):
+    """Streams a 4000-token completion from server s, appending each SSE line to got, until it ends."""
+    try:
+        with s.client() as c, c.stream("POST", "/v1/completions", json={
+                "prompt": "Go on", "max_tokens": 4000, "stream": True, "ignore_eos": True}) as r:
+            for line in r.iter_lines():
+                got.append(line)
+    except httpx.HTTPError:
+        pass
+
+
 def test_second_signal_stops_at_once():
     """A long grace period, a running stream, then SIGTERM twice: the second one ends the drain at once and
     the server exits 0 (the watcher thread and main's shutdown must not race over the scheduler)."""
     s = Server("--shutdown-grace", "600")
-
-    def stream():
-        try:
-            with s.client() as c, c.stream("POST", "/v1/completions", json={
-                    "prompt": "Go on", "max_tokens": 4000, "stream": True, "ignore_eos": True}) as r:
-                for _ in r.iter_lines():
-                    pass
-        except httpx.HTTPError:
-            pass
-
-    t = threading.Thread(target=stream)
+    t = threading.Thread(target=stream_long_completion, args=(s, []))
     t.start()
     s.wait_metrics(lambda m: m["kvzap:num_requests_running"] == 1)
     start = time.time()
@@ -340,17 +341,7 @@ def test_second_signal_stops_at_once():
 def test_sigterm_mid_stream_exits_cleanly():
     s = Server("--shutdown-grace", "1")
     got = []
-
-    def stream():
-        try:
-            with s.client() as c, c.stream("POST", "/v1/completions", json={
-                    "prompt": "Go on", "max_tokens": 4000, "stream": True, "ignore_eos": True}) as r:
-                for line in r.iter_lines():
-                    got.append(line)
-        except httpx.HTTPError:
-            pass
-
-    t = threading.Thread(target=stream)
+    t = threading.Thread(target=stream_long_completion, args=(s, got))
     t.start()
     s.wait_metrics(lambda m: m["kvzap:num_requests_running"] == 1)
     start = time.time()

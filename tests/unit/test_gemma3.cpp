@@ -196,21 +196,25 @@ TEST(Gemma3, LoaderFillsPerLayerConfig) {
   EXPECT_FALSE(g->model->config().has_sliding_layers());
 }
 
+// Loading the file written from o must fail with a one-line error that mentions `needle`.
+void expect_one_line_load_error(const TinyOptions& o, const std::string& needle) {
+  const std::string path = write_tiny_gemma3(o);
+  try {
+    Model::load(path);
+    ADD_FAILURE() << "loaded a file that should be refused (" << needle << ")";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+  }
+  std::filesystem::remove(path);
+}
+
 TEST(Gemma3, BadFilesGiveOneLineErrors) {
   for (const TinyOptions& o : {TinyOptions{.drop_tensor = "blk.1.post_ffw_norm.weight"},
                                TinyOptions{.bad_shape = "blk.0.attn_q_norm.weight"},
                                TinyOptions{.drop_tensor = "blk.0.attn_k_norm.weight"}}) {
-    const std::string path = write_tiny_gemma3(o);
-    try {
-      Model::load(path);
-      ADD_FAILURE() << "loaded a broken file";
-    } catch (const Error& e) {
-      const std::string msg = e.what();
-      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-      const std::string name = o.drop_tensor.empty() ? o.bad_shape : o.drop_tensor;
-      EXPECT_NE(msg.find(name), std::string::npos) << msg;
-    }
-    std::filesystem::remove(path);
+    expect_one_line_load_error(o, o.drop_tensor.empty() ? o.bad_shape : o.drop_tensor);
   }
 }
 
@@ -227,16 +231,7 @@ TEST(Gemma3, RopeFreqsAreReadOrRefusedWithOneLine) {
   std::vector<float> negative = factors;
   negative[2] = -1.0f;
   for (const TinyOptions& o : {TinyOptions{.rope_freqs = factors}, TinyOptions{.window = 0, .rope_freqs = negative}}) {
-    const std::string path = write_tiny_gemma3(o);
-    try {
-      Model::load(path);
-      ADD_FAILURE() << "loaded a file with rope_freqs it cannot apply";
-    } catch (const Error& e) {
-      const std::string msg = e.what();
-      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-      EXPECT_NE(msg.find("rope_freqs.weight"), std::string::npos) << msg;
-    }
-    std::filesystem::remove(path);
+    expect_one_line_load_error(o, "rope_freqs.weight");
   }
 }
 
