@@ -19,7 +19,7 @@ BIN="${KVZAP_BIN:-$ROOT/build/kvzap}"
 THREADS="${THREADS:-2}"
 WORK="${WORK:-$ROOT/runs/train_default}"
 DEST="${DEST:-$ROOT/data/surrogates/Smollm2_135M_8k_Lc100K_Mix1_Ep2}"
-# Data sizes (the default model's; docs/TRAINING.md §6 gives the Qwen2.5-Coder-0.5B settings).
+# Data sizes (the default model's; docs/TRAINING.md §8 gives the Qwen2.5-Coder-0.5B settings).
 TEST_WINDOWS="${TEST_WINDOWS:-24}" TRAIN_WINDOWS="${TRAIN_WINDOWS:-180}"
 TEST_POSITIONS="${TEST_POSITIONS:-200}" TRAIN_POSITIONS="${TRAIN_POSITIONS:-250}"
 CORPUS="$ROOT/data/corpus-build"
