@@ -160,8 +160,8 @@ int run_inspect_hf(const std::string& dir, bool json, size_t max_items) {
   for (const auto& [key, v] : tok.items())
     std::printf("  %-18s %s\n", key.c_str(), v.is_string() ? v.get<std::string>().c_str() : v.dump().c_str());
   std::printf("\ntensors (%zu):\n", rows.size());
-  size_t name_w = 4, shard_w = 5;
-  for (const Row& r : rows) name_w = std::max(name_w, r.name.size()), shard_w = std::max(shard_w, r.shard.size());
+  size_t name_w = 4;
+  for (const Row& r : rows) name_w = std::max(name_w, r.name.size());
   std::printf("  %-*s  %-5s %-20s %12s  %s\n", (int)name_w, "name", "dtype", "shape", "bytes", "shard");
   for (const Row& r : rows)
     std::printf("  %-*s  %-5s %-20s %12zu  %s\n", (int)name_w, r.name.c_str(), r.dtype.c_str(),

@@ -18,6 +18,11 @@ std::string shape_string(const std::vector<int64_t>& s) {
   return out + "]";
 }
 
+// fields[key], or nullptr when absent or null (null counts as absent).
+const nlohmann::json* present(const nlohmann::json& fields, const std::string& key) {
+  auto it = fields.find(key);
+  return it == fields.end() || it->is_null() ? nullptr : &*it;
+}
 
 }  // namespace
 
@@ -76,8 +81,8 @@ void Checkpoint::descend(const std::string& key) {
 }
 
 std::optional<int64_t> Checkpoint::get_int_opt(const std::string& key) const {
-  auto it = fields_->find(key);
-  if (it == fields_->end() || it->is_null()) return std::nullopt;
+  const nlohmann::json* it = present(*fields_, key);
+  if (!it) return std::nullopt;
   if (!it->is_number_integer()) config_error("field '" + field_prefix_ + key + "' must be an integer");
   return it->get<int64_t>();
 }
@@ -88,8 +93,8 @@ int64_t Checkpoint::get_int(const std::string& key) const {
 }
 
 std::optional<double> Checkpoint::get_float_opt(const std::string& key) const {
-  auto it = fields_->find(key);
-  if (it == fields_->end() || it->is_null()) return std::nullopt;
+  const nlohmann::json* it = present(*fields_, key);
+  if (!it) return std::nullopt;
   if (!it->is_number()) config_error("field '" + field_prefix_ + key + "' must be a number");
   return it->get<double>();
 }
@@ -100,15 +105,15 @@ double Checkpoint::get_float(const std::string& key) const {
 }
 
 std::optional<std::string> Checkpoint::get_string_opt(const std::string& key) const {
-  auto it = fields_->find(key);
-  if (it == fields_->end() || it->is_null()) return std::nullopt;
+  const nlohmann::json* it = present(*fields_, key);
+  if (!it) return std::nullopt;
   if (!it->is_string()) config_error("field '" + field_prefix_ + key + "' must be a string");
   return it->get<std::string>();
 }
 
 std::optional<bool> Checkpoint::get_bool_opt(const std::string& key) const {
-  auto it = fields_->find(key);
-  if (it == fields_->end() || it->is_null()) return std::nullopt;
+  const nlohmann::json* it = present(*fields_, key);
+  if (!it) return std::nullopt;
   if (!it->is_boolean()) config_error("field '" + field_prefix_ + key + "' must be true or false");
   return it->get<bool>();
 }
