@@ -48,7 +48,7 @@ std::vector<bool> sliding_pattern(const gguf::File& f, const std::string& key, i
 
 void configure_gemma3(const gguf::File& f, ModelConfig& c) {
   const std::string a = "gemma3.";
-  c.ffn_act = FfnActivation::GeluTanh;
+  c.ffn_act = FfnActivation::GeluTanhF16;  // ggml's GELU table, as llama.cpp computes this file
   c.embd_scale = std::sqrt((float)c.n_embd);
   if (auto s = f.get_float_opt(a + "attention.query_pre_attn_scalar")) {
     if (!(*s > 0)) throw Error(f.path() + ": '" + a + "attention.query_pre_attn_scalar' must be positive");

@@ -72,6 +72,10 @@ const std::array<uint16_t, 65536>& gelu_f16_table() {
 }  // namespace
 
 void geglu(float* gate, const float* up, int64_t n) {
+  for (int64_t i = 0; i < n; i++) gate[i] = gelu_tanh(gate[i]) * up[i];
+}
+
+void geglu_f16_table(float* gate, const float* up, int64_t n) {
   const std::array<uint16_t, 65536>& table = gelu_f16_table();
   for (int64_t i = 0; i < n; i++) {
     const float g = gate[i];

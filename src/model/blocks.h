@@ -18,9 +18,11 @@ void rope_table(int64_t n_pos, int head_dim, float base, float freq_scale, float
 void swiglu(float* gate, const float* up, int64_t n);
 // gelu with the tanh approximation (exact formula, f32).
 float gelu_tanh(float x);
-// gate[i] = gelu_tanh(gate[i]) * up[i], with gelu taken as ggml's CPU path does: the input rounded to
-// f16, the result looked up in an f16 table (|x| >= 10: 0 or x).
+// gate[i] = gelu_tanh(gate[i]) * up[i] in f32.
 void geglu(float* gate, const float* up, int64_t n);
+// The same with gelu taken as ggml's CPU path does: the input rounded to f16, the result looked up in an
+// f16 table (|x| >= 10: 0 or x).
+void geglu_f16_table(float* gate, const float* up, int64_t n);
 // x[i] = cap * tanh(x[i] / cap) (final logit soft-capping).
 void softcap(float* x, int64_t n, float cap);
 // log-softmax value of index `id`, and argmax, over a row of logits.

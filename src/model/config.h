@@ -11,8 +11,10 @@ namespace kvzap {
 // (x[2i], x[2i+1]); Qwen and HF-layout Llama rotate halves (x[i], x[i + n_rot/2]).
 enum class RopeMode { Adjacent, HalfSplit };
 
-// The gated FFN's activation on the gate: SwiGLU (silu) or GeGLU (gelu, tanh approximation).
-enum class FfnActivation { Silu, GeluTanh };
+// The gated FFN's activation on the gate: SwiGLU (silu) or GeGLU (gelu, tanh approximation). GeGLU comes
+// in two roundings: GeluTanh in f32 (Hugging Face folders, to match transformers) and GeluTanhF16, ggml's
+// f16 lookup table (GGUF files, to match llama.cpp on the same file).
+enum class FfnActivation { Silu, GeluTanh, GeluTanhF16 };
 
 // What may differ between the layers of one model (filled by the loader for every architecture; the
 // architecture's file overrides what its metadata says per layer).

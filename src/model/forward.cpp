@@ -246,6 +246,8 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
     }
     if (cfg_.ffn_act == FfnActivation::GeluTanh)
       pool_.parallel_for(n, [&](int64_t t, int) { geglu(&gate_[t * F], &up_[t * F], F); });
+    else if (cfg_.ffn_act == FfnActivation::GeluTanhF16)
+      pool_.parallel_for(n, [&](int64_t t, int) { geglu_f16_table(&gate_[t * F], &up_[t * F], F); });
     else
       pool_.parallel_for(n, [&](int64_t t, int) { swiglu(&gate_[t * F], &up_[t * F], F); });
     matmul(L.down, gate_.data(), n, proj_.data(), pool_, mm_scratch_);

@@ -20,8 +20,8 @@ Everything is written by this script into a temporary folder (nothing downloaded
      |diff| <= 2e-3 with kvzap's f16 K/V cache, and <= 1e-3 / 1e-4 with --kv-type f32 (where this
      kvzap has it; SKIPPED otherwise). BF16/F16/q8_0 copies are compared with looser bounds
      (their activations are rounded as ggml does; q8_0 also quantises them) and the figures printed.
-     Gemma 3 with --kv-type f32 is held to 1e-3 against a reference whose GELU is rounded to f16 as
-     ggml's table is (kvzap's GeGLU), and its figure against exact GELU is printed beside it.
+     Gemma 3 on a folder computes GeGLU in f32 like transformers (held to the same 1e-3 / 1e-4; GELU
+     rounded to f16 is a negative control); on a GGUF file it uses ggml's f16 GELU table like llama.cpp.
   3. negative controls: transformers with the wrong RoPE pairing (q/k rows of every head permuted to
      what adjacent pairing would mean), without the q/k norms, without Qwen2's biases, without Gemma's
      soft-cap, with Gemma's window one wider, or without the RoPE scaling must NOT match kvzap.
@@ -29,7 +29,8 @@ Everything is written by this script into a temporary folder (nothing downloaded
      the llama-cpp-python sdist that scripts/build_llamacpp.sh fetches; SKIPPED without it): Llama, Qwen2,
      Qwen3, both rope_scaling kinds (llama3 becomes rope_freqs.weight) and a 6-layer Gemma 3 (SentencePiece
      vocabulary in the GGUF): the ids must equal transformers', the log-probs meet the same bounds through
-     the GGUF path, and with an f32 cache they are within 1e-4 of kvzap's on the folder.
+     the GGUF path (Gemma's reference with GELU rounded to f16 as ggml's table), and with an f32 cache
+     they are within 1e-4 of kvzap's on the folder (Gemma: 3e-3 / 5e-4, the two GELU roundings).
      `--gguf-only` runs only these.
 torch, transformers and tokenizers are test-only dependencies (pip install torch transformers
 tokenizers); without them the script prints SKIPPED lines and exits 0.
@@ -407,7 +408,7 @@ def check_gguf_conversions(tmp, toks, ids_of, text_path):
             report(False, "%s -> GGUF: %s" % (label, e))
             continue
         ref = model
-        if arch == "gemma3":  # kvzap's GeGLU rounds GELU to f16 as ggml does (see main)
+        if arch == "gemma3":  # on GGUF files kvzap's GeGLU rounds GELU to f16 as ggml does
             ref = copy.deepcopy(model)
             for layer in ref.model.layers:
                 layer.mlp.act_fn = GeluF16()
@@ -419,9 +420,11 @@ def check_gguf_conversions(tmp, toks, ids_of, text_path):
             continue
         _, lp_dir, _ = kvzap_logprobs(d, text_path, tmp, ["--kv-type", "f32"])
         mx, mean = diff(lp_gguf, lp_dir)
-        report(mx <= 1e-4 and lp_gguf.shape == lp_dir.shape,
-               "%s: GGUF path vs the folder's, f32 cache: log-prob |diff| max %.2e mean %.2e (bound 1e-4)"
-               % (label, mx, mean))
+        # Gemma: the folder's GeGLU is f32, the GGUF's ggml's f16 table, so they differ by that rounding.
+        bound = (3e-3, 5e-4) if arch == "gemma3" else (1e-4, 1e-4)
+        report(mx <= bound[0] and mean <= bound[1] and lp_gguf.shape == lp_dir.shape,
+               "%s: GGUF path vs the folder's, f32 cache: log-prob |diff| max %.2e mean %.2e (bound %.0e / %.0e)"
+               % (label, mx, mean, bound[0], bound[1]))
 
 
 def main():
@@ -498,17 +501,13 @@ def main():
             write_checkpoint(model, d, tok, names)
             check_model("%s f32" % arch, d, model, text_path, tmp, controls)
             if kv_f32 and arch.startswith("gemma3"):
-                # kvzap's GeGLU takes gelu from ggml's f16 table (input and result rounded to f16, as
-                # llama.cpp): exact GELU in the reference leaves ~1.6e-3 max, ~2e-4 mean (printed, held to
-                # 2e-3 / 5e-4 so that a larger drift still shows); a reference with the same rounding must
-                # be within 1e-3.
-                check_model("%s f32, --kv-type f32 (reference: exact GELU)" % arch, d, model, text_path, tmp,
-                            extra=["--kv-type", "f32"], tol=(2e-3, 5e-4))
-                g16 = copy.deepcopy(model)
-                for layer in text_layers(g16):
-                    layer.mlp.act_fn = GeluF16()
-                check_model("%s f32, --kv-type f32 (reference: GELU rounded to f16 as ggml)" % arch, d, model, text_path,
-                            tmp, extra=["--kv-type", "f32"], tol=(1e-3, 1e-4), hf_model=g16)
+                # On a folder kvzap's GeGLU is f32, as transformers'; GELU rounded to f16 (ggml's table,
+                # what kvzap uses on GGUF files) is a negative control (it moves log-probs by ~1.6e-3).
+                def gelu_f16(m):
+                    for layer in text_layers(m):
+                        layer.mlp.act_fn = GeluF16()
+                check_model("%s f32, --kv-type f32" % arch, d, model, text_path, tmp,
+                            [("GELU rounded to f16 as ggml", gelu_f16)], extra=["--kv-type", "f32"], tol=(1e-3, 1e-4))
             elif kv_f32:
                 check_model("%s f32, --kv-type f32" % arch, d, model, text_path, tmp, extra=["--kv-type", "f32"],
                             tol=(1e-3, 1e-4))

@@ -13,6 +13,8 @@ This script re-reads the folders with the `safetensors` package, checks that the
 KVzapConfig / KVzapModel layout, recomputes the predictions in float64 (exact erf GELU) and the
 ridge solution with numpy (and scikit-learn when installed), and compares.
 
+With --run it also checks the shipped folders under data/surrogates/ (layout, shapes, hidden = D/8).
+
 Usage:
   python3 tests/python/check_surrogate_roundtrip.py DIR
   python3 tests/python/check_surrogate_roundtrip.py --run build/kvzap_tests   # runs the gtests into a temp dir
@@ -131,8 +133,40 @@ def check_ridge(root):
     print("ok: ridge matches sklearn.linear_model.Ridge")
 
 
+def check_shipped(root):
+    """Every shipped folder data/surrogates/NAME/{linear,mlp} follows the kvpress layout (the same checks as
+    the exported ones), the two kinds agree on their shape, the MLP's hidden width is input_dim / 8, and
+    kvzap.json's default threshold is a number."""
+    base = os.path.join(root, "data", "surrogates")
+    names = sorted(n for n in os.listdir(base) if os.path.isdir(os.path.join(base, n)))
+    if not names:
+        fail(f"no shipped surrogate folders under {base}")
+    for name in names:
+        metas = []
+        for kind in ("linear", "mlp"):
+            folder = os.path.join(base, name, kind)
+            with open(os.path.join(folder, "config.json")) as f:
+                cfg = json.load(f)
+            meta = {"input_dim": cfg.get("input_dim"), "output_dim": cfg.get("output_dim"),
+                    "n_layers": cfg.get("n_modules")}
+            check_folder(folder, kind, meta)
+            if kind == "mlp" and cfg.get("hidden_dim") * 8 != cfg.get("input_dim"):
+                fail(f"{folder}/config.json: hidden_dim {cfg.get('hidden_dim')} is not input_dim / 8")
+            with open(os.path.join(folder, "kvzap.json")) as f:
+                thr = json.load(f).get("default_threshold")
+            if not isinstance(thr, (int, float)) or not math.isfinite(thr):
+                fail(f"{folder}/kvzap.json: default_threshold {thr!r} is not a number")
+            metas.append(meta)
+        if metas[0] != metas[1]:
+            fail(f"{name}: linear {metas[0]} and mlp {metas[1]} differ in shape")
+        m = metas[0]
+        print(f"ok: shipped {name}: linear + mlp in the kvpress layout ({m['n_layers']} modules, input "
+              f"{m['input_dim']}, output {m['output_dim']})")
+
+
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--run":
+        check_shipped(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
         with tempfile.TemporaryDirectory() as tmp:
             env = dict(os.environ, KVZAP_ROUNDTRIP_DIR=tmp)
             subprocess.run([sys.argv[2], "--gtest_filter=Surrogate.ExportForPythonRoundTrip:Ridge.ExportForPythonCheck"],

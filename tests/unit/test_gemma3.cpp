@@ -16,6 +16,7 @@
 #include "engine/engine.h"
 #include "kernels/thread_pool.h"
 #include "model/attention.h"
+#include "model/blocks.h"
 #include "model/forward.h"
 #include "model/model.h"
 #include "press/press.h"
@@ -185,7 +186,7 @@ TEST(Gemma3, LoaderFillsPerLayerConfig) {
   EXPECT_FLOAT_EQ(c.layers[1].rope_base, 1e6f);      // global layers: rope.freq_base
   EXPECT_FLOAT_EQ(c.embd_scale, std::sqrt((float)kEmbd));
   EXPECT_FLOAT_EQ(c.query_scale(), 0.25f);  // 1/sqrt(16): the file gives no query_pre_attn_scalar
-  EXPECT_TRUE(c.ffn_act == FfnActivation::GeluTanh);
+  EXPECT_TRUE(c.ffn_act == FfnActivation::GeluTanhF16);
   EXPECT_TRUE(c.rope_mode == RopeMode::HalfSplit);
   EXPECT_NE(t->model->weights().layers[0].attn_post_norm, nullptr);
   EXPECT_NE(t->model->weights().layers[0].ffn_post_norm, nullptr);
@@ -208,6 +209,34 @@ void expect_one_line_load_error(const TinyOptions& o, const std::string& needle)
     EXPECT_NE(msg.find(needle), std::string::npos) << msg;
   }
   std::filesystem::remove(path);
+}
+
+// GeGLU in f32 against a double reference, and ggml's f16-table form against the same reference rounded
+// as ggml rounds it (input and result to f16; |x| >= 10 passes through or gives 0).
+TEST(Gemma3, GegluFormsMatchTheirReferences) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-12.0f, 12.0f);
+  const int n = 4096;
+  std::vector<float> gate(n), up(n);
+  for (int i = 0; i < n; i++) { gate[i] = u(rng); up[i] = u(rng) / 4; }
+  auto gelu_ref = [](double x) { return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * x * (1.0 + 0.044715 * x * x))); };
+  std::vector<float> exact = gate, table = gate;
+  kvzap::geglu(exact.data(), up.data(), n);
+  kvzap::geglu_f16_table(table.data(), up.data(), n);
+  double max_exact = 0, max_table = 0, max_between = 0;
+  for (int i = 0; i < n; i++) {
+    const double ref = gelu_ref(gate[i]) * up[i];
+    max_exact = std::max(max_exact, std::abs(exact[i] - ref) / (1.0 + std::abs(ref)));  // f32 rounding only
+    double g16 = gate[i] <= -10 ? 0.0 : gate[i] >= 10 ? gate[i]
+               : kvzap::fp16_to_fp32(kvzap::fp32_to_fp16((float)gelu_ref(kvzap::fp16_to_fp32(kvzap::fp32_to_fp16(gate[i])))));
+    // one f16 step at most (subnormal halves: f32's own error): the table's f32 gelu and this double one
+    // may round to neighbouring halves
+    max_table = std::max(max_table, std::abs(table[i] - g16 * up[i]) / ((std::abs(g16) / 1024 + 1e-6) * std::abs(up[i])));
+    max_between = std::max(max_between, (double)std::abs(table[i] - exact[i]));
+  }
+  EXPECT_LT(max_exact, 1e-5);
+  EXPECT_LE(max_table, 1.0);
+  EXPECT_GT(max_between, 1e-4);  // the two forms really differ (f16 rounding), so each test above can fail
 }
 
 TEST(Gemma3, BadFilesGiveOneLineErrors) {

@@ -246,6 +246,7 @@ TEST_F(HfCheckpoint, Gemma3ImageTextModelLoadsItsTextModel) {
   EXPECT_EQ(m->weights().output.data, m->weights().token_embd.data);  // tied
   ASSERT_NE(m->weights().layers[0].ffn_post_norm, nullptr);
   EXPECT_FLOAT_EQ(m->weights().layers[0].q_norm[0], 1.0f);  // (1 + w) with w = 0
+  EXPECT_TRUE(m->config().ffn_act == kvzap::FfnActivation::GeluTanh);  // f32 GELU, as transformers
 
   t.push_back({"language_model.model.layers.0.self_attn.o_proj.bias", "F32", {kEmbd}, std::vector<float>(kEmbd, 0.0f)});
   kvzap::write_safetensors((dir / "model.safetensors").string(), t);
