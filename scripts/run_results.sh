@@ -8,35 +8,49 @@
 # resumable: a finished eval cell (its summary.json exists) or faithfulness file is not run again, so
 # the script can be stopped and restarted. Delete runs/results/ to start from scratch.
 #
-# Environment: KVZAP_BIN (default build/kvzap), THREADS (default 2), KVZAP_MODEL (default model).
+# Environment: KVZAP_BIN (default build/kvzap), THREADS (default 2), KVZAP_MODEL (-m for every run: a
+# path or a catalogue name; default: the default model).
+# Every setting below can be overridden from the environment (same name), so the same steps run for
+# another model or length; docs/RESULTS.md gives the Qwen2.5-Coder-0.5B 4k settings, e.g.
+#   KVZAP_MODEL=qwen2.5-coder-0.5b WORK=runs/results-qwen05 OUT=docs/results/qwen05-4k \
+#     CALIBRATION_LENGTHS=4096 LENGTH=4096 FAITH_CONTEXT=4096 FAITH_WINDOWS=2 scripts/run_results.sh faithfulness
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 KVZAP="${KVZAP_BIN:-build/kvzap}"
 THREADS="${THREADS:-2}"
-WORK=runs/results
-OUT=docs/results
+WORK="${WORK:-runs/results}"
+OUT="${OUT:-docs/results}"
 step="${1:-all}"
 
 # The operating point of the sweep (see docs/RESULTS.md, "Choosing the length and the tasks").
-LENGTH=1024
-SAMPLES=5
-TASKS=niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multivalue,qa_1
-RATIO_PRESSES=random,knorm,streaming_llm,snapkv,expected_attention,kvzip
-RATIOS=0.25,0.5,0.75,0.875
-KVZAP_PRESSES=kvzap-linear,kvzap-mlp
-THRESHOLDS=-5,-4,-3,-2,0
+CALIBRATION_LENGTHS="${CALIBRATION_LENGTHS:-512 1024 2048}"
+LENGTH="${LENGTH:-1024}"
+SAMPLES="${SAMPLES:-5}"
+TASKS="${TASKS:-niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multivalue,qa_1}"
+RATIO_PRESSES="${RATIO_PRESSES:-random,knorm,streaming_llm,snapkv,expected_attention,kvzip}"
+RATIOS="${RATIOS:-0.25,0.5,0.75,0.875}"
+KVZAP_PRESSES="${KVZAP_PRESSES:-kvzap-linear,kvzap-mlp}"
+THRESHOLDS="${THRESHOLDS:--5,-4,-3,-2,0}"
+FAITH_THRESHOLDS="${FAITH_THRESHOLDS:-$THRESHOLDS}"
+DECODING_THRESHOLD="${DECODING_THRESHOLD:--3}"
 
 # A second, focused sweep with twice the samples where the question is decided (evicted 0.5-0.75):
 # the strongest baselines against KVzap, 10 samples per task (samples 0-4 are the main sweep's).
-FOCUS_SAMPLES=10
-FOCUS_RATIO_PRESSES=kvzip,expected_attention
-FOCUS_RATIOS=0.5,0.75
-FOCUS_THRESHOLDS=-4,-3,-2
+FOCUS_SAMPLES="${FOCUS_SAMPLES:-10}"
+FOCUS_RATIO_PRESSES="${FOCUS_RATIO_PRESSES:-kvzip,expected_attention}"
+FOCUS_RATIOS="${FOCUS_RATIOS:-0.5,0.75}"
+FOCUS_THRESHOLDS="${FOCUS_THRESHOLDS:--4,-3,-2}"
 
 # Faithfulness: teacher-forced windows of held-out text (an eval haystack novel, never training text).
-FAITH_TEXT=data/eval/haystack/persuasion.txt
-FAITH_ARGS=(--context-tokens 1024 --window-tokens 64 --windows 8)
+FAITH_TEXT="${FAITH_TEXT:-data/eval/haystack/persuasion.txt}"
+FAITH_ARGS=(--context-tokens "${FAITH_CONTEXT:-1024}" --window-tokens "${FAITH_WINDOW_TOKENS:-64}" --windows "${FAITH_WINDOWS:-8}")
+FAITH_RATIO_PRESSES="${FAITH_RATIO_PRESSES:-$RATIO_PRESSES}"
+FAITH_RATIOS="${FAITH_RATIOS:-$RATIOS}"
+
+MODEL_ARGS=()
+if [[ -n "${KVZAP_MODEL:-}" ]]; then MODEL_ARGS=(-m "$KVZAP_MODEL"); fi
+CALIBRATION_SAMPLES="${CALIBRATION_SAMPLES:-5}"
 
 [[ -x "$KVZAP" ]] || { echo "no kvzap binary at $KVZAP (build first, or set KVZAP_BIN)" >&2; exit 1; }
 mkdir -p "$WORK" "$OUT"
@@ -48,10 +62,10 @@ have_kvzap_surrogates() {
 
 # 1. Where does the full cache do well? All 13 tasks, 5 samples each, at three lengths.
 calibration() {
-  for L in 512 1024 2048; do
+  for L in $CALIBRATION_LENGTHS; do
     local dir="$WORK/calibration/L$L"
     if [[ ! -f "$dir/summary.json" ]]; then
-      "$KVZAP" eval --suite ruler --length "$L" --samples 5 --out "$dir" -t "$THREADS" -q
+      "$KVZAP" eval "${MODEL_ARGS[@]}" --suite ruler --length "$L" --samples "$CALIBRATION_SAMPLES" --out "$dir" -t "$THREADS" -q
     fi
     mkdir -p "$OUT/calibration/L$L"
     cp "$dir/tasks.csv" "$dir/summary.json" "$OUT/calibration/L$L/"
@@ -65,7 +79,7 @@ sweep() {
     echo "note: no KVzap surrogates in data/surrogates/, sweeping the baselines only" >&2
   fi
   local t0=$SECONDS
-  "$KVZAP" sweep --presses "$presses" --ratios "$RATIOS" --thresholds "$THRESHOLDS" \
+  "$KVZAP" sweep "${MODEL_ARGS[@]}" --presses "$presses" --ratios "$RATIOS" --thresholds "$THRESHOLDS" \
     --length "$LENGTH" --samples "$SAMPLES" --tasks "$TASKS" --out "$WORK/sweep-$LENGTH" -t "$THREADS" \
     > "$WORK/sweep-$LENGTH.md"
   echo "sweep: $((SECONDS - t0)) s wall in this invocation" >&2
@@ -75,7 +89,7 @@ sweep() {
 focus() {
   have_kvzap_surrogates || { echo "no KVzap surrogates: skipping the focused sweep" >&2; return 0; }
   local t0=$SECONDS
-  "$KVZAP" sweep --presses "$FOCUS_RATIO_PRESSES,$KVZAP_PRESSES" --ratios "$FOCUS_RATIOS" --thresholds "$FOCUS_THRESHOLDS" \
+  "$KVZAP" sweep "${MODEL_ARGS[@]}" --presses "$FOCUS_RATIO_PRESSES,$KVZAP_PRESSES" --ratios "$FOCUS_RATIOS" --thresholds "$FOCUS_THRESHOLDS" \
     --length "$LENGTH" --samples "$FOCUS_SAMPLES" --tasks "$TASKS" --out "$WORK/focus-$LENGTH" -t "$THREADS" \
     > "$WORK/focus-$LENGTH.md"
   echo "focused sweep: $((SECONDS - t0)) s wall in this invocation" >&2
@@ -137,20 +151,20 @@ faithfulness() {
   run_one() {  # press kind value [--decoding]
     local f="$dir/$1${4:++decoding}__$2_$3.json"
     [[ -f "$f" ]] && return 0
-    "$KVZAP" faithfulness --press "$1" "--$2" "$3" ${4:-} -f "$FAITH_TEXT" "${FAITH_ARGS[@]}" -t "$THREADS" -q \
+    "$KVZAP" faithfulness "${MODEL_ARGS[@]}" --press "$1" "--$2" "$3" ${4:-} -f "$FAITH_TEXT" "${FAITH_ARGS[@]}" -t "$THREADS" -q \
       --out "$f.tmp" > /dev/null
     mv "$f.tmp" "$f"
   }
   local p r t
-  for p in ${RATIO_PRESSES//,/ }; do
-    for r in ${RATIOS//,/ }; do run_one "$p" ratio "$r"; done
+  for p in ${FAITH_RATIO_PRESSES//,/ }; do
+    for r in ${FAITH_RATIOS//,/ }; do run_one "$p" ratio "$r"; done
   done
   if have_kvzap_surrogates; then
     for p in ${KVZAP_PRESSES//,/ }; do
-      for t in ${THRESHOLDS//,/ }; do run_one "$p" threshold "$t"; done
+      for t in ${FAITH_THRESHOLDS//,/ }; do run_one "$p" threshold "$t"; done
     done
     # Pruning the continuation too (the tail of the context then leaves the protected window).
-    run_one kvzap-mlp threshold -3 --decoding
+    run_one kvzap-mlp threshold "$DECODING_THRESHOLD" --decoding
   fi
   # One CSV, and report-format rows (score = top-1 agreement in %) so `kvzap report` can plot them.
   python3 - "$dir" <<'EOF'
@@ -177,7 +191,7 @@ with open(os.path.join(d, "top1_rows.csv"), "w", newline="") as f:
                     r["top1_agreement"], r["evicted_fraction"]])
 EOF
   "$KVZAP" report "$dir/top1_rows.csv" --out "$dir/report" \
-    --title "Top-1 agreement (Persuasion)" > /dev/null
+    --title "Top-1 agreement ($(basename "$FAITH_TEXT" .txt), ${FAITH_CONTEXT:-1024}-token contexts)" > /dev/null
 }
 
 case "$step" in
