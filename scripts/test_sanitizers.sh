@@ -7,7 +7,7 @@
 #         (in Tokenizer's constructor, so in every test that loads a model).
 #   tsan  the thread pool, the batched engine and the server tests built with TSan (-DKVZAP_TSAN=ON)
 #         in build-tsan, then the server pytest suite against the TSan kvzap (KVZAP_TSAN_PYTEST=0
-#         skips it).
+#         skips it; KVZAP_TSAN_PYTEST_K="expr" runs only the tests pytest -k selects, as CI does).
 #   scripts/test_sanitizers.sh [asan] [tsan]     (default: both)
 # GCC builds both (no clang needed). Prints the build and run time of each job.
 set -euo pipefail
@@ -52,11 +52,12 @@ for job in "${jobs[@]}"; do
       t2=$(stamp)
       prc=0
       if [ "${KVZAP_TSAN_PYTEST:-1}" = 1 ]; then
-        echo "== TSan: pytest tests/python/test_server*.py against $B/kvzap"
+        sel=(); [ -n "${KVZAP_TSAN_PYTEST_K:-}" ] && sel=(-k "$KVZAP_TSAN_PYTEST_K")
+        echo "== TSan: pytest tests/python/test_server*.py ${sel[*]} against $B/kvzap"
         # Each server's log lands in $TMPDIR (tests/python/server_harness.py): a TSan report there fails
         # the job even when the test itself passed.
         logs="$PWD/$B/pytest-logs"; rm -rf "$logs"; mkdir -p "$logs"
-        TMPDIR="$logs" KVZAP_BIN="$PWD/$B/kvzap" python3 -m pytest -q tests/python/test_server*.py || prc=$?
+        TMPDIR="$logs" KVZAP_BIN="$PWD/$B/kvzap" python3 -m pytest -q tests/python/test_server*.py "${sel[@]}" || prc=$?
         if grep -l "ThreadSanitizer" "$logs"/*.log 2>/dev/null; then
           grep -h -A30 "WARNING: ThreadSanitizer" "$logs"/*.log | head -80
           [ "$prc" -eq 0 ] && prc=66

@@ -4,7 +4,8 @@
 // threshold policy (entries outside the last `window` tokens with score < T, kvpress accounting: mean
 // over layers of evicted / (H x length)) is then counted for the whole grid at once. That count is
 // exact for a context prefilled in one step (scores do not depend on evictions made after the step's
-// attention), and one threshold is re-run through the real press as a cross-check. Writes a table, calibration.json and an SVG plot;
+// attention), and one threshold is re-run through the real press as a cross-check. Only global-attention
+// layers count: sliding-window ones are not pruned by default. Writes a table, calibration.json and an SVG plot;
 // --write-default records the threshold closest to --target in <surrogate>/kvzap.json.
 #include <algorithm>
 #include <cmath>
@@ -181,6 +182,17 @@ int run_calibrate(const CalibrateArgs& a) {
     curves.push_back(std::move(cv));
   }
 
+  // The layers a threshold press judges: every global-attention one. Sliding-window layers (Gemma 3's
+  // local layers) keep only their window and presses leave them alone by default (PressOptions::
+  // sliding_layers), so they are not counted: the fractions below are of the judged layers' entries.
+  std::vector<int> judged_layers;
+  for (int l = 0; l < c.n_layer; l++)
+    if (!c.layers[(size_t)l].is_sliding()) judged_layers.push_back(l);
+  if (judged_layers.empty()) throw Error("the model has no global-attention layer for a threshold press to judge");
+  if ((int)judged_layers.size() < c.n_layer)
+    std::fprintf(stderr, "calibrate: %zu of %d layers are global; evicted fractions are of those layers' entries "
+                 "(sliding-window layers are not pruned by default)\n", judged_layers.size(), c.n_layer);
+
   SessionOptions so = a.m.session_options();
   so.n_ctx = std::max<int64_t>(so.n_ctx, a.max_tokens + 16);
   so.n_batch = so.n_ctx;
@@ -202,12 +214,12 @@ int run_calibrate(const CalibrateArgs& a) {
     for (Curve& cv : curves) {
       const size_t s = (size_t)(&cv - curves.data());
       std::vector<double> f(thr.size(), 0.0);
-      for (int l = 0; l < c.n_layer; l++) {
+      for (int l : judged_layers) {
         std::vector<float> sc(obs.pred[s][(size_t)l].begin(), obs.pred[s][(size_t)l].begin() + judged * H);
         std::sort(sc.begin(), sc.end());
         for (size_t t = 0; t < thr.size(); t++) {
           const int64_t below = std::lower_bound(sc.begin(), sc.end(), (float)thr[t]) - sc.begin();  // strict <
-          f[t] += (double)below / (double)(H * n) / c.n_layer;
+          f[t] += (double)below / (double)(H * n) / (double)judged_layers.size();
         }
       }
       cv.frac.push_back(f);
@@ -242,7 +254,13 @@ int run_calibrate(const CalibrateArgs& a) {
     po.surrogate_dir = cv.dir;
     std::unique_ptr<Press> press = make_press(po, *model);
     session.prefill_context(contexts[0], press.get());
-    const double real = session.cache().evicted_fraction();
+    const KvCache& cache = session.cache();
+    double real = 0;  // press evictions over the judged layers' entries, as counted offline
+    for (int l : judged_layers)
+      real += (double)(H * cache.n_past() - cache.entries_kept(l)) / (double)(H * cache.n_past()) / (double)judged_layers.size();
+    if ((int)judged_layers.size() < c.n_layer)
+      std::fprintf(stderr, "calibrate: %s T=%g evicts %.4f of the whole cache's entries (sliding windows included)\n",
+                   cv.label.c_str(), thr[cv.best], cache.evicted_fraction());
     const double offline = cv.frac[0][cv.best];
     std::fprintf(stderr, "calibrate: cross-check %s T=%g on %s: press evicted %.6f, offline count %.6f\n", cv.label.c_str(),
                  thr[cv.best], fs::path(docs[0]).filename().c_str(), real, offline);
@@ -272,7 +290,7 @@ int run_calibrate(const CalibrateArgs& a) {
   for (const std::string& d : docs) shown_docs.push_back(display_path(d));
   if (!a.out_dir.empty()) {
     fs::create_directories(a.out_dir);
-    nlohmann::json j = {{"model", c.name}, {"window", a.window}, {"thresholds", thr}, {"target", a.target},
+    nlohmann::json j = {{"model", c.name}, {"window", a.window}, {"judged_layers", judged_layers}, {"thresholds", thr}, {"target", a.target},
                         {"files", shown_docs}, {"tokens", lengths}, {"surrogates", nlohmann::json::array()}};
     for (const Curve& cv : curves)
       j["surrogates"].push_back({{"label", cv.label}, {"dir", display_path(cv.dir)}, {"mean", cv.mean}, {"min", cv.lo}, {"max", cv.hi},

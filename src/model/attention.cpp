@@ -151,7 +151,7 @@ void attend(const AttentionBlock& b, const KvCache& cache, int layer, int head, 
     for (int r = 0; r < b.rows; r++) min_first = std::min(min_first, b.first[r]);
   const int p0 = (int)(min_first / P);
   float* kf = page_f32;
-  const bool fast = use_avx512() && d % 16 == 0 && d <= 128;
+  const bool fast = use_avx512() && d % 16 == 0 && d <= 256;
   const bool f32 = cache.kv_type() == KvType::F32;
   for (int p = p0; p < n_pages; p++) {
     const int64_t j0 = (int64_t)p * P;

@@ -31,15 +31,17 @@ inline __m512 reduce16(const __m512* a) {
 inline __m512 load16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 
-// scores[r][j0 + j] = q_r . k_j for the visible keys of one page (head_dim = 16 * nc, nc <= 8).
+// scores[r][j0 + j] = q_r . k_j for the visible keys of one page (head_dim = 16 * nc, nc <= 16).
 // Every score goes through the same 16-lane reduction whatever the page's fill and the other rows of
 // the block, so a row's result does not depend on which rows share its block (batched = alone).
+// Heads wider than 128 (Gemma 3: 256) run the chunks in groups of 8 so the query chunks and the 16
+// accumulators stay in registers; each accumulator still sums its chunks in order 0 .. nc-1.
 template <class T>
 void scores_page(const float* q, int64_t q_stride, int rows, const int64_t* visible, const T* keys, int64_t j0,
                  int64_t nj, int d, float* scores, int64_t s_stride) {
   const int nc = d / 16;
   // Convert the page's keys once (unfilled slots are zeros, never read from the page).
-  alignas(64) float kf[16 * 128];
+  alignas(64) float kf[16 * 256];
   for (int i = 0; i < (int)nj * nc; i++)
     _mm512_store_ps(kf + 16 * i, load16(keys + 16 * i));
   for (int i = (int)nj * nc; i < 16 * nc; i++) _mm512_store_ps(kf + 16 * i, _mm512_setzero_ps());
@@ -47,13 +49,16 @@ void scores_page(const float* q, int64_t q_stride, int rows, const int64_t* visi
     const int64_t jmax = std::min<int64_t>(nj, visible[r] - j0);
     if (jmax <= 0) continue;
     const float* qr = q + r * q_stride;
-    __m512 qv[8];
-    for (int c = 0; c < nc; c++) qv[c] = _mm512_loadu_ps(qr + 16 * c);
-    __m512 acc[16];
-    for (int j = 0; j < 16; j++) {
-      const float* kj = kf + j * d;
-      acc[j] = _mm512_mul_ps(qv[0], _mm512_load_ps(kj));
-      for (int c = 1; c < nc; c++) acc[j] = _mm512_fmadd_ps(qv[c], _mm512_load_ps(kj + 16 * c), acc[j]);
+    __m512 acc[16];  // fma(q, k, 0) rounds q * k once, as a multiply would
+    for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
+    for (int c0 = 0; c0 < nc; c0 += 8) {
+      const int cn = std::min(8, nc - c0);
+      __m512 qv[8];
+      for (int c = 0; c < cn; c++) qv[c] = _mm512_loadu_ps(qr + 16 * (c0 + c));
+      for (int j = 0; j < 16; j++) {
+        const float* kj = kf + j * d + 16 * c0;
+        for (int c = 0; c < cn; c++) acc[j] = _mm512_fmadd_ps(qv[c], _mm512_load_ps(kj + 16 * c), acc[j]);
+      }
     }
     _mm512_mask_storeu_ps(scores + r * s_stride + j0, (__mmask16)((1u << jmax) - 1), reduce16(acc));
   }
@@ -65,7 +70,7 @@ void accumulate_page(const float* probs, int64_t s_stride, int rows, const int64
                      int64_t j0, int64_t nj, int d, float* out, int64_t out_stride) {
   const int nc = d / 16;
   // Convert f16 values once for all rows (a KV head's query heads share them); f32 ones are read in place.
-  alignas(64) float vf[std::is_same_v<T, float> ? 1 : 16 * 128];
+  alignas(64) float vf[std::is_same_v<T, float> ? 1 : 16 * 256];
   if constexpr (!std::is_same_v<T, float>) {
     int64_t jmax_all = 0;
     for (int r = 0; r < rows; r++) jmax_all = std::max<int64_t>(jmax_all, std::min<int64_t>(nj, visible[r] - j0));
@@ -77,7 +82,7 @@ void accumulate_page(const float* probs, int64_t s_stride, int rows, const int64
     if (jmax <= 0) continue;
     float* o = out + r * out_stride;
     const float* pr = probs + r * s_stride + j0;
-    __m512 acc[8];
+    __m512 acc[16];
     for (int c = 0; c < nc; c++) acc[c] = _mm512_loadu_ps(o + 16 * c);
     for (int64_t j = 0; j < jmax; j++) {
       const __m512 p = _mm512_set1_ps(pr[j]);

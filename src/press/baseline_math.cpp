@@ -144,16 +144,28 @@ void attention_probs(const float* q, int64_t q_stride, int64_t n_rows, const int
   }
 }
 
-RopeTable::RopeTable(const ModelConfig& c) : cfg_(c) {}
+RopeTable::RopeTable(const ModelConfig& c) : cfg_(c) {
+  auto table_for = [&](float base, float scale) {
+    for (size_t i = 0; i < tables_.size(); i++)
+      if (tables_[i].base == base && tables_[i].freq_scale == scale) return (int)i;
+    tables_.push_back({base, scale, {}, {}});
+    return (int)tables_.size() - 1;
+  };
+  for (int l = 0; l < c.n_layer; l++)
+    layer_table_.push_back(l < (int)c.layers.size() ? table_for(c.layers[(size_t)l].rope_base, c.layers[(size_t)l].rope_freq_scale)
+                                                     : table_for(c.rope_base, c.rope_freq_scale));
+}
 
 void RopeTable::reserve(int64_t n_pos) {
   if (n_pos <= n_pos_) return;
   const int64_t n = std::max(n_pos, 2 * n_pos_);
   const int half = cfg_.head_dim / 2;
-  cos_.resize((size_t)(n * half));
-  sin_.resize((size_t)(n * half));
-  rope_table(n, cfg_.head_dim, cfg_.rope_base, cfg_.rope_freq_scale, cos_.data(), sin_.data(),
-             cfg_.rope_freq_factors.empty() ? nullptr : cfg_.rope_freq_factors.data());
+  for (Table& t : tables_) {
+    t.cos.resize((size_t)(n * half));
+    t.sin.resize((size_t)(n * half));
+    rope_table(n, cfg_.head_dim, t.base, t.freq_scale, t.cos.data(), t.sin.data(),
+               cfg_.rope_freq_factors.empty() ? nullptr : cfg_.rope_freq_factors.data());
+  }
   n_pos_ = n;
 }
 
@@ -162,10 +174,11 @@ std::pair<int, int> RopeTable::pair(int i) const {
   return {i, i + cfg_.head_dim / 2};
 }
 
-void RopeTable::unrotate(float* x, int32_t pos) const {
+void RopeTable::unrotate(float* x, int32_t pos, int layer) const {
   const int half = cfg_.head_dim / 2;
-  const float* c = cos_.data() + (size_t)pos * half;
-  const float* s = sin_.data() + (size_t)pos * half;
+  const Table& t = tables_[(size_t)layer_table_[(size_t)layer]];
+  const float* c = t.cos.data() + (size_t)pos * half;
+  const float* s = t.sin.data() + (size_t)pos * half;
   for (int i = 0; i < half; i++) {
     const auto [a, b] = pair(i);
     const float x0 = x[a], x1 = x[b];
@@ -174,15 +187,17 @@ void RopeTable::unrotate(float* x, int32_t pos) const {
   }
 }
 
-void RopeTable::mean_rotation(int64_t p0, int64_t n, std::vector<double>& cos_mean, std::vector<double>& sin_mean) {
+void RopeTable::mean_rotation(int layer, int64_t p0, int64_t n, std::vector<double>& cos_mean,
+                              std::vector<double>& sin_mean) {
   const int half = cfg_.head_dim / 2;
   reserve(p0 + n);
+  const Table& t = tables_[(size_t)layer_table_[(size_t)layer]];
   cos_mean.assign((size_t)half, 0.0);
   sin_mean.assign((size_t)half, 0.0);
   for (int64_t p = p0; p < p0 + n; p++)
     for (int i = 0; i < half; i++) {
-      cos_mean[(size_t)i] += cos_[(size_t)(p * half + i)];
-      sin_mean[(size_t)i] += sin_[(size_t)(p * half + i)];
+      cos_mean[(size_t)i] += t.cos[(size_t)(p * half + i)];
+      sin_mean[(size_t)i] += t.sin[(size_t)(p * half + i)];
     }
   for (int i = 0; i < half; i++) {
     cos_mean[(size_t)i] /= (double)n;

@@ -31,24 +31,30 @@ void stream_key_range(const KvCache& cache, int layer, int head, int64_t first, 
 void attention_probs(const float* q, int64_t q_stride, int64_t n_rows, const int64_t* n_visible, const float* keys_t,
                      int64_t n_keys, int head_dim, float scale, float* probs);
 
-// The engine's RoPE (same tables as Forward: model/blocks.h rope_table), for scorers that undo it
-// (pre-RoPE queries and keys) or average it over future positions.
+// The engine's RoPE (same tables as Forward: model/blocks.h rope_table, each layer with its own base and
+// frequency scale, e.g. Gemma 3's local and global layers), for scorers that undo it (pre-RoPE queries
+// and keys) or average it over future positions.
 class RopeTable {
  public:
   explicit RopeTable(const ModelConfig& c);
-  // Grows the table to cover positions [0, n_pos). Not thread-safe: call before parallel use.
+  // Grows the tables to cover positions [0, n_pos). Not thread-safe: call before parallel use.
   void reserve(int64_t n_pos);
   // The two components rotated together by frequency i (i < head_dim / 2).
   std::pair<int, int> pair(int i) const;
-  // In place: undoes the rotation of position pos on one head vector [head_dim]. reserve(pos + 1) first.
-  void unrotate(float* x, int32_t pos) const;
-  // Mean over positions [p0, p0 + n) of cos and sin of each frequency (reserves what it needs).
-  void mean_rotation(int64_t p0, int64_t n, std::vector<double>& cos_mean, std::vector<double>& sin_mean);
+  // In place: undoes layer's rotation of position pos on one head vector [head_dim]. reserve(pos + 1) first.
+  void unrotate(float* x, int32_t pos, int layer) const;
+  // Mean over positions [p0, p0 + n) of cos and sin of each of layer's frequencies (reserves what it needs).
+  void mean_rotation(int layer, int64_t p0, int64_t n, std::vector<double>& cos_mean, std::vector<double>& sin_mean);
 
  private:
+  struct Table {
+    float base, freq_scale;
+    std::vector<float> cos, sin;  // [n_pos][head_dim / 2]
+  };
   ModelConfig cfg_;
   int64_t n_pos_ = 0;
-  std::vector<float> cos_, sin_;  // [n_pos][head_dim / 2]
+  std::vector<Table> tables_;     // one per distinct (base, freq_scale)
+  std::vector<int> layer_table_;  // [n_layer] index into tables_
 };
 
 // The queries of the last `window` positions seen, per layer (SnapKV's and TOVA's observation window).

@@ -98,7 +98,7 @@ class CompactorScorer : public CacheContextScorer {
       stream_keys(cache, l, hk, keys);
       stream_values(cache, l, hk, values);
       float* k_mid = keys.data() + (size_t)left * D;
-      for (int64_t i = 0; i < S; i++) rope_.unrotate(k_mid + (size_t)i * D, (int32_t)(left + i));
+      for (int64_t i = 0; i < S; i++) rope_.unrotate(k_mid + (size_t)i * D, (int32_t)(left + i), l);
       const std::vector<double> phi = gaussian_sketch(seed_, l, hk, D, kSketch);
       sketched_leverage(k_mid, S, D, phi.data(), kSketch, &lev[(size_t)(task * S)]);
       const Layer& st = layers_[(size_t)l];

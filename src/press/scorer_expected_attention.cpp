@@ -56,7 +56,7 @@ class ExpectedAttentionScorer : public CacheContextScorer {
       for (int64_t t = 0; t < step.n_tok; t++) {
         if (step.pos[t] < kSinks) continue;
         std::copy_n(step.q + (size_t)(t * H + h) * D, D, q.begin());
-        rope_.unrotate(q.data(), step.pos[t]);
+        rope_.unrotate(q.data(), step.pos[t], step.layer);
         for (int a = 0; a < D; a++) qd[(size_t)a] = q[(size_t)a];
         for (int a = 0; a < D; a++) {
           s1[a] += qd[(size_t)a];
@@ -81,16 +81,21 @@ class ExpectedAttentionScorer : public CacheContextScorer {
     for (int l = 0; l < L; l++)
       if (n_[(size_t)l] != T - kSinks) throw Error("internal: expected_attention did not see the whole context prefill");
 
-    // The averaged rotation Rbar as a dense [D][D] matrix (2x2 blocks per frequency).
-    std::vector<double> cbar, sbar;
-    rope_.mean_rotation(T, kFuturePositions, cbar, sbar);
-    std::vector<double> R((size_t)D * D, 0.0);
-    for (int i = 0; i < D / 2; i++) {
-      const auto [a, b] = rope_.pair(i);
-      R[(size_t)a * D + a] = cbar[(size_t)i];
-      R[(size_t)a * D + b] = -sbar[(size_t)i];
-      R[(size_t)b * D + a] = sbar[(size_t)i];
-      R[(size_t)b * D + b] = cbar[(size_t)i];
+    // Each layer's averaged rotation Rbar as a dense [D][D] matrix (2x2 blocks per frequency; layers
+    // differ where their RoPE bases do, as Gemma 3's local and global layers).
+    std::vector<std::vector<double>> Rs((size_t)L);
+    for (int l = 0; l < L; l++) {
+      std::vector<double> cbar, sbar;
+      rope_.mean_rotation(l, T, kFuturePositions, cbar, sbar);
+      std::vector<double>& R = Rs[(size_t)l];
+      R.assign((size_t)D * D, 0.0);
+      for (int i = 0; i < D / 2; i++) {
+        const auto [a, b] = rope_.pair(i);
+        R[(size_t)a * D + a] = cbar[(size_t)i];
+        R[(size_t)a * D + b] = -sbar[(size_t)i];
+        R[(size_t)b * D + a] = sbar[(size_t)i];
+        R[(size_t)b * D + b] = cbar[(size_t)i];
+      }
     }
     const int64_t n = T - kSinks;  // scored keys: slots [kSinks, T)
     parallel_for((int64_t)L * Hkv, [&](int64_t task, int) {
@@ -100,7 +105,7 @@ class ExpectedAttentionScorer : public CacheContextScorer {
       stream_keys(cache, l, hk, keys);
       stream_values(cache, l, hk, values);
       for (int g = 0; g < G; g++) {
-        rotated_stats(l, hk * G + g, R, mu, cov);
+        rotated_stats(l, hk * G + g, Rs[(size_t)l], mu, cov);
         for (int64_t i = 0; i < n; i++) {
           const float* k = keys.data() + (size_t)(kSinks + i) * D;
           std::fill(y.begin(), y.end(), 0.0f);

@@ -109,7 +109,7 @@ def open_llama(model: Path, **overrides):
                            verbose=False, **overrides)
 
 
-def reference_noise(model: Path, scoring: dict) -> dict:
+def reference_noise(model: Path, scoring: dict, greedy: list[dict]) -> dict:
     """llama.cpp against itself with one numerics setting changed, on the same texts."""
     import peer_forward as pf
 
@@ -123,26 +123,18 @@ def reference_noise(model: Path, scoring: dict) -> dict:
             out[f"{name}/{key}"] = {"top1_agreement": round(sum(a == b for a, b in zip(s["top1"], ref["top1"])) / n, 6),
                                     "mean_logprob_diff": round(sum(diffs) / n, 6),
                                     "max_abs_logprob_diff": round(max(abs(d) for d in diffs), 6)}
+        runs = greedy_runs(llm)
+        steps = [agreed_steps(r["tokens"], g["tokens"]) for r, g in zip(runs, greedy)]
+        out[f"{name}/greedy"] = {"identical": sum(r["tokens"] == g["tokens"] for r, g in zip(runs, greedy)),
+                                 "agreed_steps": steps}
     return out
 
 
-def reference(model: Path, with_noise: bool = False) -> dict:
-    import llama_cpp
+def greedy_runs(llm) -> list[dict]:
+    """llama.cpp's greedy continuation of each chat prompt, with its top-5 log-probs at every step."""
     import numpy as np
     import peer_forward as pf
 
-    llm = open_llama(model)
-    cases = []
-    for text in tokenizer_cases():
-        b = text.encode("utf-8")
-        cases.append({"text": text, "ids": list(llm.tokenize(b, add_bos=False, special=True)),
-                      "ids_no_special": list(llm.tokenize(b, add_bos=False, special=False))})
-    scoring = {}
-    for name, text in scoring_texts().items():
-        toks = list(llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
-        s = pf.score_text(llm, toks, N_CTX)
-        s["text"] = text
-        scoring[name] = s
     greedy = []
     for prompt in PROMPTS:
         rendered = render_chat(prompt)
@@ -165,11 +157,36 @@ def reference(model: Path, with_noise: bool = False) -> dict:
         greedy.append({"prompt": prompt, "rendered": rendered, "prompt_tokens": ptoks, "tokens": toks,
                        "text": llm.detokenize(toks).decode("utf-8", errors="replace"), "stop_reason": stop,
                        "margins": margins, "top5": top5})
+    return greedy
+
+
+def agreed_steps(a: list[int], b: list[int]) -> int:
+    """Tokens two greedy runs share before they first differ (the whole run when identical)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)) if a != b else len(a))
+
+
+def reference(model: Path, with_noise: bool = False) -> dict:
+    import llama_cpp
+    import peer_forward as pf
+
+    llm = open_llama(model)
+    cases = []
+    for text in tokenizer_cases():
+        b = text.encode("utf-8")
+        cases.append({"text": text, "ids": list(llm.tokenize(b, add_bos=False, special=True)),
+                      "ids_no_special": list(llm.tokenize(b, add_bos=False, special=False))})
+    scoring = {}
+    for name, text in scoring_texts().items():
+        toks = list(llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
+        s = pf.score_text(llm, toks, N_CTX)
+        s["text"] = text
+        scoring[name] = s
+    greedy = greedy_runs(llm)
     out = {"model": MODEL_FILE, "model_sha256": MODEL_SHA256, "llama_cpp_python_version": llama_cpp.__version__,
            "flash_attn": False, "type_k": "f16", "n_ctx": N_CTX, "tokenize": cases, "scoring": scoring,
            "greedy": greedy}
     if with_noise:
-        out["reference_noise"] = reference_noise(model, scoring)
+        out["reference_noise"] = reference_noise(model, scoring, greedy)
     return out
 
 
@@ -227,13 +244,30 @@ def check_scoring(checks: pc.Checks, name: str, ref: dict, kv: pc.Kvzap, workdir
                f"disagreements are llama.cpp near-ties < {pc.NEAR_TIE_NATS} nats)")
 
 
-def check_greedy(checks: pc.Checks, ref_runs: list[dict], kv: pc.Kvzap) -> None:
+def check_greedy(checks: pc.Checks, ref_runs: list[dict], kv: pc.Kvzap, noise: dict) -> None:
+    """Greedy runs against llama.cpp's. Their pass bars are llama.cpp's own noise (the golden file's
+    reference_noise: llama.cpp against itself with flash attention on, or an F32 K/V cache): at least as
+    many identical runs as its worst variant, and at least 90 % of that variant's agreed tokens in all."""
     got_runs = []
     for ref in ref_runs:
         got_runs.append(kv.generate_chat(ref["prompt"], GREEDY_TOKENS))
+    variants = {k.split("/")[0]: v for k, v in noise.items() if k.endswith("/greedy")}
     pc.GREEDY_MAX_TOKENS = GREEDY_TOKENS
     pc.EOS_IDS = EOS_IDS
+    if variants:
+        pc.MIN_GREEDY_IDENTICAL = min(v["identical"] for v in variants.values())
     pc.compare_greedy(checks, ref_runs, got_runs)
+    steps = [agreed_steps(r["tokens"], [int(t) for t in g.get("tokens", [])]) for r, g in zip(ref_runs, got_runs)]
+    if variants:
+        floor = min(sum(v["agreed_steps"]) for v in variants.values())
+        noise_txt = ", ".join(f"{k} {v['identical']} identical, {sum(v['agreed_steps'])} tokens {v['agreed_steps']}"
+                              for k, v in variants.items())
+        checks.add("greedy agreement length", sum(steps) >= 0.9 * floor,
+                   f"kvzap agrees with llama.cpp for {sum(steps)} tokens before each run's first divergence "
+                   f"{steps}; need >= 90 % of llama.cpp's own worst variant ({floor}); llama.cpp vs itself: {noise_txt}")
+    else:
+        print(f"SKIPPED: greedy agreement length (the golden file has no greedy reference_noise; "
+              f"kvzap agreed for {steps})")
     for ref, got in zip(ref_runs, got_runs):
         pc.info(f"{ref['prompt']!r} -> kvzap: {got.get('text', '')!r}")
 
@@ -264,6 +298,8 @@ def main() -> int:
     print(f"reference: llama-cpp-python {ref['llama_cpp_python_version']} ({'live' if args.live else 'golden'}); "
           f"kvzap: {binary}; model {model}")
     for name, noise in ref.get("reference_noise", {}).items():
+        if name.endswith("/greedy"):
+            continue
         pc.info(f"llama.cpp vs itself, {name}: top-1 {100 * noise['top1_agreement']:.2f}%, mean logprob diff "
                 f"{noise['mean_logprob_diff']:+.5f}, max |diff| {noise['max_abs_logprob_diff']:.4f}")
     checks = pc.Checks()
@@ -274,7 +310,7 @@ def main() -> int:
             check_tokenizer(checks, ref["tokenize"], binary, model, work)
             for name, s in ref["scoring"].items():
                 check_scoring(checks, name, s, kv, work)
-            check_greedy(checks, ref["greedy"], kv)
+            check_greedy(checks, ref["greedy"], kv, ref.get("reference_noise", {}))
         except (pc.KvzapError, KeyError, ValueError) as e:
             checks.add("kvzap run", False, str(e))
     return checks.finish()

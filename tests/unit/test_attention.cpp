@@ -72,6 +72,13 @@ TEST(Attention, MatchesReferenceHead64) { check_attention(64, 200, 9); }
 TEST(Attention, MatchesReferenceWithF16Probabilities) { check_attention(64, 300, 6, true); }
 TEST(Attention, MatchesReferenceHead128PartialPage) { check_attention(128, 37, 5); }
 TEST(Attention, SingleEntry) { check_attention(64, 1, 1); }
+// Gemma 3's head size: the AVX-512 kernels take the chunks in two groups of 8.
+TEST(Attention, MatchesReferenceHead256) {
+  check_attention(256, 300, 7);
+  check_attention(256, 37, 3, true);
+  check_attention(144, 50, 4);  // 9 chunks: a full group and a group of one
+  check_attention(256, 200, 5, false, KvType::F32);
+}
 TEST(Attention, F32PagesMatchReference) {
   check_attention(64, 200, 9, false, KvType::F32);
   check_attention(128, 37, 5, false, KvType::F32);
@@ -96,6 +103,8 @@ TEST(Attention, EveryIsaMatchesTheReference) {
     check_attention(128, 37, 5);
     check_attention(64, 200, 9, false, KvType::F32);
     check_attention(128, 37, 5, false, KvType::F32);
+    check_attention(256, 300, 7);
+    check_attention(256, 200, 5, false, KvType::F32);
     EXPECT_LT(f32_cache_error(KvType::F32), 2e-6);
   }
   set_active_isa(before);

@@ -343,9 +343,43 @@ TEST(BaselineMath, RopeTableUndoesTheEngineRotation) {
     rope.reserve(100);
     std::vector<float> x = {0.3f, -1.f, 2.f, 0.5f, 0.f, 1.f, -0.7f, 0.2f}, y = x;
     rotate(c, y.data(), 77);
-    rope.unrotate(y.data(), 77);
+    rope.unrotate(y.data(), 77, 0);
     for (int i = 0; i < 8; i++) EXPECT_NEAR(y[(size_t)i], x[(size_t)i], 1e-4);
   }
+}
+
+TEST(BaselineMath, RopeTableUsesEachLayersBase) {
+  // Gemma 3 style: layer 0 local (base 10^4), layer 1 global (base 10^6).
+  ModelConfig c = small_config();
+  c.layers.resize(2);
+  c.layers[0].rope_base = 10000.0f;
+  c.layers[1].rope_base = 1e6f;
+  ModelConfig global = c;
+  global.rope_base = 1e6f;
+  RopeTable rope(c);
+  rope.reserve(100);
+  const std::vector<float> x = {0.3f, -1.f, 2.f, 0.5f, 0.f, 1.f, -0.7f, 0.2f};
+  std::vector<float> y0 = x, y1 = x, wrong = x;
+  rotate(c, y0.data(), 77);
+  rotate(global, y1.data(), 77);
+  rotate(global, wrong.data(), 77);
+  rope.unrotate(y0.data(), 77, 0);
+  rope.unrotate(y1.data(), 77, 1);
+  rope.unrotate(wrong.data(), 77, 0);  // the other layer's base does not undo it
+  double worst_wrong = 0;
+  for (int i = 0; i < 8; i++) {
+    EXPECT_NEAR(y0[(size_t)i], x[(size_t)i], 1e-4);
+    EXPECT_NEAR(y1[(size_t)i], x[(size_t)i], 1e-4);
+    worst_wrong = std::max(worst_wrong, (double)std::fabs(wrong[(size_t)i] - x[(size_t)i]));
+  }
+  EXPECT_GT(worst_wrong, 0.1);
+  std::vector<double> c0, s0, c1, s1;
+  rope.mean_rotation(0, 50, 10, c0, s0);
+  rope.mean_rotation(1, 50, 10, c1, s1);
+  EXPECT_NE(c0[1], c1[1]);  // frequency 1 turns at different rates under the two bases
+  double want = 0;
+  for (int p = 50; p < 60; p++) want += std::cos(rope_angle(global, p, 1)) / 10;
+  EXPECT_NEAR(c1[1], want, 1e-5);
 }
 
 // ---------------------------------------------------------------- scorers vs their definitions
