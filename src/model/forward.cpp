@@ -11,6 +11,15 @@ namespace kvzap {
 
 namespace {
 constexpr int kQueryBlock = 16;  // query tokens per attention task (rows = group size x this)
+// Split attention is used for decode steps of at most this many tasks per thread (more tasks balance
+// the threads by themselves) ...
+constexpr int64_t kMaxSplitTasksPerThread = 4;
+// ... in layers whose longest stream has at least this many chunks (shorter ones are not worth the
+// extra synchronisation).
+constexpr int64_t kMinSplitChunks = 2;
+// Work units per task and thread in each split phase (dynamic scheduling evens out pruned streams of
+// different lengths).
+constexpr int64_t kSplitUnitsPerThread = 2;
 }
 
 Forward::Forward(const Model& model, int64_t max_batch, int64_t max_ctx, ThreadPool& pool)
@@ -39,6 +48,7 @@ Forward::Forward(const Model& model, int64_t max_batch, int64_t max_ctx, ThreadP
   att_out_.resize(pool.size());
   att_visible_.resize(pool.size());
   att_first_.resize(pool.size());
+  att_partial_.resize(pool.size());
   for (int t = 0; t < pool.size(); t++) {
     att_first_[t].resize((size_t)att_rows_);
     att_scores_[t].resize((size_t)att_rows_ * max_ctx);
@@ -46,6 +56,21 @@ Forward::Forward(const Model& model, int64_t max_batch, int64_t max_ctx, ThreadP
     att_q_[t].resize((size_t)att_rows_ * cfg_.head_dim);
     att_out_[t].resize((size_t)att_rows_ * cfg_.head_dim);
     att_visible_[t].resize((size_t)att_rows_);
+    att_partial_[t].resize((size_t)att_rows_ * cfg_.head_dim);
+  }
+  const int64_t G = cfg_.n_group(), D = cfg_.head_dim;
+  const int64_t split_tasks = kMaxSplitTasksPerThread * pool.size();
+  const int64_t chunk_entries = (int64_t)kAttentionChunkPages * KvCache::kPageTokens;
+  split_max_chunks_ = (max_ctx + chunk_entries - 1) / chunk_entries + 1;
+  if (pool.size() > 1) {
+    split_q_.resize((size_t)(split_tasks * G * D));
+    split_visible_.resize((size_t)(split_tasks * G));
+    split_first_.resize((size_t)(split_tasks * G));
+    split_scores_.resize((size_t)(split_tasks * G * max_ctx));
+    split_partials_.resize((size_t)(split_tasks * split_max_chunks_ * G * D));
+    split_out_.resize((size_t)(split_tasks * G * D));
+    split_blocks_.resize((size_t)split_tasks);
+    split_extents_.resize((size_t)split_tasks);
   }
 }
 
@@ -143,6 +168,10 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
           for (int64_t t0 = 0; t0 < segs[s].n; t0 += kQueryBlock)
             att_tasks_.push_back({s, (int32_t)hk, (int32_t)(gs * g_per), (int32_t)((gs + 1) * g_per), t0,
                                   std::min<int64_t>(segs[s].n, t0 + kQueryBlock)});
+    bool decode_only = true;
+    for (int s = 0; s < n_segs; s++) decode_only = decode_only && segs[s].n == 1;
+    att_split_step_ = decode_only && nth > 1 && (int64_t)att_tasks_.size() <= kMaxSplitTasksPerThread * nth &&
+                      !split_blocks_.empty();
   }
 
   // Embedding rows.
@@ -296,51 +325,115 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
     }
 }
 
-void Forward::attention(int layer, const ForwardSegment* segs, int n_segs) {
+AttentionBlock Forward::gather_task(int layer, const ForwardSegment* segs, const AttentionTask& tk, float* qb,
+                                   int64_t* visible, int64_t* first) const {
   const int64_t D = cfg_.head_dim, H = cfg_.n_head, G = cfg_.n_group();
   const float scale = cfg_.query_scale();
   const bool sliding = cfg_.layers[(size_t)layer].is_sliding();
-  pool_.parallel_for((int64_t)att_tasks_.size(), [&](int64_t task, int tid) {
-    const AttentionTask& tk = att_tasks_[(size_t)task];
-    const ForwardSegment& sg = segs[tk.seg];
-    const int64_t row0 = seg_row0_[tk.seg], hk = tk.hk;
-    const KvCache& cache = *sg.cache;
-    const int64_t n_old = cache.length(layer, (int)hk) - sg.n;  // entries kept before this step
-    // Gather the block's query rows, ordered (token, group head), scaled so dots are logits.
-    float* qb = att_q_[tid].data();    // [rows][D]
-    float* ob = att_out_[tid].data();  // [rows][D]
-    int64_t* visible = att_visible_[tid].data();
-    int64_t* first = att_first_[tid].data();
-    // An f16 cache rounds queries and probabilities to f16 as llama.cpp does with f16 K/V; an f32 cache
-    // keeps both in f32 (as llama.cpp does with f32 K/V), so nothing is rounded but the sums.
-    const bool f16 = cache.kv_type() == KvType::F16;
-    int rows = 0;
-    int64_t lo = 0;  // sliding window: first stream entry inside the window of the current token
-    for (int64_t t = tk.t0; t < tk.t1; t++) {
-      if (sliding) {  // entries are sorted by position, and the block's tokens are increasing positions
-        const int64_t start = cache.window_start(layer, pos_[row0 + t]);
-        int64_t hi = n_old + t;
-        while (lo < hi) {
-          const int64_t mid = lo + (hi - lo) / 2;
-          if (cache.position_at(layer, (int)hk, mid) < start) lo = mid + 1; else hi = mid;
-        }
-      }
-      for (int64_t g = tk.g0; g < tk.g1; g++, rows++) {
-        const float* qr = &q_[((row0 + t) * H + hk * G + g) * D];
-        if (f16) round_rows_f16(qr, qb + rows * D, D, scale);
-        else for (int64_t i = 0; i < D; i++) qb[rows * D + i] = qr[i] * scale;
-        visible[rows] = n_old + t + 1;  // causal: old entries plus new tokens up to t
-        first[rows] = lo;
+  const ForwardSegment& sg = segs[tk.seg];
+  const int64_t row0 = seg_row0_[tk.seg], hk = tk.hk;
+  const KvCache& cache = *sg.cache;
+  const int64_t n_old = cache.length(layer, (int)hk) - sg.n;  // entries kept before this step
+  // Gather the block's query rows, ordered (token, group head), scaled so dots are logits.
+  // An f16 cache rounds queries and probabilities to f16 as llama.cpp does with f16 K/V; an f32 cache
+  // keeps both in f32 (as llama.cpp does with f32 K/V), so nothing is rounded but the sums.
+  const bool f16 = cache.kv_type() == KvType::F16;
+  int rows = 0;
+  int64_t lo = 0;  // sliding window: first stream entry inside the window of the current token
+  for (int64_t t = tk.t0; t < tk.t1; t++) {
+    if (sliding) {  // entries are sorted by position, and the block's tokens are increasing positions
+      const int64_t start = cache.window_start(layer, pos_[row0 + t]);
+      int64_t hi = n_old + t;
+      while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (cache.position_at(layer, (int)hk, mid) < start) lo = mid + 1; else hi = mid;
       }
     }
-    AttentionBlock b{qb, D, rows, visible, ob, D, /*f16_probs=*/f16, sliding ? first : nullptr};
-    attend(b, cache, layer, (int)hk, att_scores_[tid].data(), att_kv_[tid].data());
-    rows = 0;
-    for (int64_t t = tk.t0; t < tk.t1; t++)
-      for (int64_t g = tk.g0; g < tk.g1; g++, rows++)
-        std::copy(ob + rows * D, ob + (rows + 1) * D, &attn_[((row0 + t) * H + hk * G + g) * D]);
-  });
+    for (int64_t g = tk.g0; g < tk.g1; g++, rows++) {
+      const float* qr = &q_[((row0 + t) * H + hk * G + g) * D];
+      if (f16) round_rows_f16(qr, qb + rows * D, D, scale);
+      else for (int64_t i = 0; i < D; i++) qb[rows * D + i] = qr[i] * scale;
+      visible[rows] = n_old + t + 1;  // causal: old entries plus new tokens up to t
+      first[rows] = lo;
+    }
+  }
+  return AttentionBlock{qb, D, rows, visible, nullptr, D, /*f16_probs=*/f16, sliding ? first : nullptr};
+}
+
+void Forward::scatter_task(const AttentionTask& tk, const float* ob) {
+  const int64_t D = cfg_.head_dim, H = cfg_.n_head, G = cfg_.n_group();
+  const int64_t row0 = seg_row0_[tk.seg];
+  int rows = 0;
+  for (int64_t t = tk.t0; t < tk.t1; t++)
+    for (int64_t g = tk.g0; g < tk.g1; g++, rows++)
+      std::copy(ob + rows * D, ob + (rows + 1) * D, &attn_[((row0 + t) * H + tk.hk * G + g) * D]);
+}
+
+void Forward::attention(int layer, const ForwardSegment* segs, int n_segs) {
   (void)n_segs;
+  if (att_split_step_) {
+    int64_t longest = 0;
+    for (const AttentionTask& tk : att_tasks_) longest = std::max(longest, segs[tk.seg].cache->length(layer, tk.hk));
+    const int64_t chunk_entries = (int64_t)kAttentionChunkPages * KvCache::kPageTokens;
+    if (longest >= kMinSplitChunks * chunk_entries) {
+      attention_split(layer, segs);
+      return;
+    }
+  }
+  pool_.parallel_for((int64_t)att_tasks_.size(), [&](int64_t task, int tid) {
+    const AttentionTask& tk = att_tasks_[(size_t)task];
+    AttentionBlock b = gather_task(layer, segs, tk, att_q_[tid].data(), att_visible_[tid].data(), att_first_[tid].data());
+    b.out = att_out_[tid].data();  // [rows][D]
+    attend(b, *segs[tk.seg].cache, layer, tk.hk, att_scores_[tid].data(), att_kv_[tid].data(),
+           att_partial_[tid].data());
+    scatter_task(tk, b.out);
+  });
+}
+
+void Forward::attention_split(int layer, const ForwardSegment* segs) {
+  const int64_t D = cfg_.head_dim, G = cfg_.n_group();
+  const int64_t T = (int64_t)att_tasks_.size();
+  const int64_t S = kSplitUnitsPerThread * pool_.size();  // units per task in the two streaming phases
+  for (int64_t t = 0; t < T; t++) {  // gathering is a few rows per task: not worth a phase
+    AttentionBlock& b = split_blocks_[(size_t)t];
+    b = gather_task(layer, segs, att_tasks_[(size_t)t], &split_q_[(size_t)(t * G * D)], &split_visible_[(size_t)(t * G)],
+                    &split_first_[(size_t)(t * G)]);
+    b.out = &split_out_[(size_t)(t * G * D)];
+    split_extents_[(size_t)t] = attention_extent(b);
+  }
+  auto scores_of = [&](int64_t t) { return &split_scores_[(size_t)(t * G * max_ctx_)]; };
+  // 1. Scores, each task's pages in S ranges.
+  pool_.parallel_for(T * S, [&](int64_t u, int tid) {
+    const int64_t t = u / S, s = u % S;
+    const AttentionExtent& e = split_extents_[(size_t)t];
+    const int64_t n = e.n_pages - e.p0;
+    const AttentionTask& tk = att_tasks_[(size_t)t];
+    attend_scores(split_blocks_[(size_t)t], *segs[tk.seg].cache, layer, tk.hk, e, (int)(e.p0 + n * s / S),
+                  (int)(e.p0 + n * (s + 1) / S), scores_of(t), att_kv_[tid].data());
+  });
+  // 2. Softmax per row.
+  pool_.parallel_for(T * G, [&](int64_t u, int) {
+    const int64_t t = u / G, r = u % G;
+    if (r < split_blocks_[(size_t)t].rows) attend_softmax(split_blocks_[(size_t)t], split_extents_[(size_t)t], (int)r, scores_of(t));
+  });
+  // 3. Weighted values, each task's chunks in S ranges, into per-chunk partial sums.
+  pool_.parallel_for(T * S, [&](int64_t u, int tid) {
+    const int64_t t = u / S, s = u % S;
+    const AttentionExtent& e = split_extents_[(size_t)t];
+    const AttentionBlock& b = split_blocks_[(size_t)t];
+    const int64_t n = e.c1 - e.c0;
+    const int cb = (int)(e.c0 + n * s / S), ce = (int)(e.c0 + n * (s + 1) / S);
+    if (cb == ce) return;
+    const AttentionTask& tk = att_tasks_[(size_t)t];
+    float* partials = &split_partials_[(size_t)(t * split_max_chunks_ * G * D + (cb - e.c0) * b.rows * D)];
+    attend_values(b, *segs[tk.seg].cache, layer, tk.hk, e, cb, ce, scores_of(t), partials, att_kv_[tid].data());
+  });
+  // 4. The chunks added in order, and the rows copied out.
+  pool_.parallel_for(T, [&](int64_t t, int) {
+    const AttentionBlock& b = split_blocks_[(size_t)t];
+    attend_merge(b, split_extents_[(size_t)t], (int)D, &split_partials_[(size_t)(t * split_max_chunks_ * G * D)]);
+    scatter_task(att_tasks_[(size_t)t], b.out);
+  });
 }
 
 }  // namespace kvzap

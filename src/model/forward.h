@@ -11,6 +11,7 @@
 #include "cache/kv_cache.h"
 #include "kernels/matmul.h"
 #include "kernels/thread_pool.h"
+#include "model/attention.h"
 #include "model/model.h"
 
 namespace kvzap {
@@ -97,6 +98,15 @@ class Forward {
     int32_t seg, hk, g0, g1;
     int64_t t0, t1;  // rows of the segment
   };
+  // One task's block: gathers its query rows (scaled, f16-rounded for an f16 cache), visible counts and
+  // window starts into q [rows][D], visible, first; returns the block (its out is null).
+  AttentionBlock gather_task(int layer, const ForwardSegment* segs, const AttentionTask& tk, float* q,
+                                    int64_t* visible, int64_t* first) const;
+  // Copies a task's output rows [rows][D] into attn_.
+  void scatter_task(const AttentionTask& tk, const float* out);
+  // Decode steps with fewer attention tasks than the threads can balance (one sequence: as many tasks
+  // as KV heads) spread each task's pages and chunks over the threads instead (attend_* pieces).
+  void attention_split(int layer, const ForwardSegment* segs);
 
   const Model& model_;
   const ModelConfig& cfg_;
@@ -136,6 +146,18 @@ class Forward {
   std::vector<std::vector<float>> att_kv_;
   std::vector<std::vector<float>> att_q_, att_out_;  // [rows][D] gathered queries / outputs
   std::vector<std::vector<int64_t>> att_visible_;     // [rows]
+  std::vector<std::vector<float>> att_partial_;       // [rows][D] one chunk's weighted values
+  // Split attention (attention_split), sized at construction for kMaxSplitTasksPerThread x threads tasks
+  // of n_group rows: whether this step runs it, then per task its gathered block and buffers.
+  bool att_split_step_ = false;
+  int64_t split_max_chunks_ = 0;
+  std::vector<float> split_q_;                         // [task][G][D]
+  std::vector<int64_t> split_visible_, split_first_;   // [task][G]
+  std::vector<float> split_scores_;                    // [task][G][max_ctx]
+  std::vector<float> split_partials_;                  // [task][max chunks][G][D]
+  std::vector<float> split_out_;                       // [task][G][D]
+  std::vector<AttentionBlock> split_blocks_;           // [task]
+  std::vector<AttentionExtent> split_extents_;         // [task]
 };
 
 }  // namespace kvzap

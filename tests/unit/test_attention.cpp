@@ -9,6 +9,7 @@
 #include "cache/kv_cache.h"
 #include "kernels/matmul.h"
 #include "model/attention.h"
+#include "test_support.h"
 
 namespace kvzap {
 namespace {
@@ -30,9 +31,10 @@ void check_attention(int head_dim, int64_t n_entries, int rows, bool f16_probs =
   std::vector<int64_t> visible(rows);
   for (int r = 0; r < rows; r++) visible[r] = std::max<int64_t>(1, n_entries - (rows - 1 - r) * 3);
   std::vector<float> out((size_t)rows * head_dim), ref((size_t)rows * head_dim);
-  std::vector<float> scores((size_t)rows * n_entries), page((size_t)KvCache::kPageTokens * head_dim);
+  std::vector<float> scores((size_t)rows * n_entries), page((size_t)KvCache::kPageTokens * head_dim),
+      partial((size_t)rows * head_dim);
   AttentionBlock b{q.data(), head_dim, rows, visible.data(), out.data(), head_dim, f16_probs};
-  attend(b, cache, 0, 1, scores.data(), page.data());
+  attend(b, cache, 0, 1, scores.data(), page.data(), partial.data());
   AttentionBlock br{q.data(), head_dim, rows, visible.data(), ref.data(), head_dim, f16_probs};
   attend_reference(br, cache, 0, 1);
   for (size_t i = 0; i < out.size(); i++) ASSERT_NEAR(out[i], ref[i], 2e-5f + 2e-5f * std::fabs(ref[i])) << "at " << i;
@@ -60,9 +62,9 @@ double f32_cache_error(KvType type) {
   for (int j = 0; j < n; j++) sum += (s[j] = std::exp(s[j] - mx));
   for (int j = 0; j < n; j++)
     for (int i = 0; i < D; i++) o[i] += s[j] / sum * values[(size_t)j * D + i];
-  std::vector<float> out(D), scores(n), page((size_t)KvCache::kPageTokens * D);
+  std::vector<float> out(D), scores(n), page((size_t)KvCache::kPageTokens * D), partial(D);
   int64_t vis = n;
-  attend({q.data(), D, 1, &vis, out.data(), D}, cache, 0, 0, scores.data(), page.data());
+  attend({q.data(), D, 1, &vis, out.data(), D}, cache, 0, 0, scores.data(), page.data(), partial.data());
   double worst = 0;
   for (int i = 0; i < D; i++) worst = std::max(worst, std::fabs(out[i] - o[i]));
   return worst;
@@ -127,16 +129,77 @@ void check_eviction(KvType type) {
   }
   a.evict(0, 0, drop);
   ASSERT_EQ(a.length(0, 0), b.length(0, 0));
-  std::vector<float> q(D), oa(D), ob(D), scores(100), page(KvCache::kPageTokens * D);
+  std::vector<float> q(D), oa(D), ob(D), scores(100), page(KvCache::kPageTokens * D), partial(D);
   for (auto& x : q) x = nd(rng) * 0.2f;
   int64_t vis = a.length(0, 0);
-  attend({q.data(), D, 1, &vis, oa.data(), D}, a, 0, 0, scores.data(), page.data());
-  attend({q.data(), D, 1, &vis, ob.data(), D}, b, 0, 0, scores.data(), page.data());
+  attend({q.data(), D, 1, &vis, oa.data(), D}, a, 0, 0, scores.data(), page.data(), partial.data());
+  attend({q.data(), D, 1, &vis, ob.data(), D}, b, 0, 0, scores.data(), page.data(), partial.data());
   for (int i = 0; i < D; i++) EXPECT_EQ(oa[i], ob[i]);
 }
 
 TEST(Attention, AfterEvictionSeesOnlyKeptEntries) { check_eviction(KvType::F16); }
 TEST(Attention, AfterEvictionSeesOnlyKeptEntriesF32) { check_eviction(KvType::F32); }
+
+// attend() and its pieces run over any split of the pages and chunks (what Forward does on several
+// threads) give the same bits: the values are summed per chunk from zero and the chunks in order.
+void check_pieces_match_attend(KvType type, int head_dim, bool sliding) {
+  const int64_t n = 1100;  // 69 pages, 5 chunks (the last partial)
+  const int rows = 7;
+  KvCache cache(1, 1, head_dim, nullptr, type);
+  std::mt19937 rng(21);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> k(head_dim), v(head_dim);
+  for (int64_t i = 0; i < n; i++) {
+    for (auto& x : k) x = nd(rng);
+    for (auto& x : v) x = nd(rng);
+    cache.append(0, 0, k.data(), v.data(), (int32_t)i);
+  }
+  std::vector<float> q((size_t)rows * head_dim);
+  for (auto& x : q) x = 0.3f * nd(rng);
+  std::vector<int64_t> visible(rows), first(rows);
+  for (int r = 0; r < rows; r++) visible[r] = n - (rows - 1 - r) * 37, first[r] = sliding ? 300 + 41 * r : 0;
+  std::vector<float> whole((size_t)rows * head_dim), split((size_t)rows * head_dim, -1.0f), ref((size_t)rows * head_dim);
+  std::vector<float> scores((size_t)rows * n), page((size_t)KvCache::kPageTokens * head_dim),
+      partial((size_t)rows * head_dim);
+  AttentionBlock b{q.data(), head_dim, rows, visible.data(), whole.data(), head_dim, type == KvType::F16,
+                   sliding ? first.data() : nullptr};
+  attend(b, cache, 0, 0, scores.data(), page.data(), partial.data());
+  AttentionBlock br = b;
+  br.out = ref.data();
+  attend_reference(br, cache, 0, 0);
+  for (size_t i = 0; i < ref.size(); i++) ASSERT_NEAR(whole[i], ref[i], 3e-5f + 3e-5f * std::fabs(ref[i])) << i;
+
+  AttentionBlock bs = b;
+  bs.out = split.data();
+  const AttentionExtent e = attention_extent(bs);
+  ASSERT_EQ(e.c1 - e.c0, sliding ? 4 : 5);
+  std::vector<float> scores2((size_t)rows * n, 0.0f), partials((size_t)(e.c1 - e.c0) * rows * head_dim);
+  // Pages in three uneven ranges, run last range first; chunks in two.
+  const int pm1 = e.p0 + 5, pm2 = e.p0 + 40;
+  attend_scores(bs, cache, 0, 0, e, pm2, e.n_pages, scores2.data(), page.data());
+  attend_scores(bs, cache, 0, 0, e, e.p0, pm1, scores2.data(), page.data());
+  attend_scores(bs, cache, 0, 0, e, pm1, pm2, scores2.data(), page.data());
+  for (int r = rows - 1; r >= 0; r--) attend_softmax(bs, e, r, scores2.data());
+  const int cm = e.c0 + 1;
+  attend_values(bs, cache, 0, 0, e, cm, e.c1, scores2.data(), partials.data() + (cm - e.c0) * rows * head_dim, page.data());
+  attend_values(bs, cache, 0, 0, e, e.c0, cm, scores2.data(), partials.data(), page.data());
+  attend_merge(bs, e, head_dim, partials.data());
+  for (size_t i = 0; i < whole.size(); i++) ASSERT_EQ(split[i], whole[i]) << i;
+}
+
+TEST(Attention, PiecesOverAnySplitGiveTheSameBitsAsOneCall) {
+  test::IsaGuard guard;
+  for (Isa isa : test::available_isas()) {
+    set_active_isa(isa);
+    SCOPED_TRACE(isa_name(isa));
+    for (KvType type : {KvType::F16, KvType::F32})
+      for (bool sliding : {false, true}) {
+        SCOPED_TRACE(std::string(kv_type_name(type)) + (sliding ? " sliding" : ""));
+        check_pieces_match_attend(type, 64, sliding);
+        check_pieces_match_attend(type, 256, sliding);
+      }
+  }
+}
 
 }  // namespace
 }  // namespace kvzap

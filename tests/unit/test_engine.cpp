@@ -462,6 +462,58 @@ TEST_F(EngineTest, PromptChunkingAndDecodingDoNotChangeLogitsF32) {
 }
 }
 namespace {
+// A long context decoded alone spreads each KV head's pages over the threads (Forward's split attention);
+// with enough other sequences in the step it does not, and on one thread never. All three must give the
+// same logits bit for bit, with and without a press that prunes streams to different lengths.
+TEST_F(EngineTest, SplitAttentionGivesWhatUnsplitAttentionGives) {
+  const int V = model_->config().n_vocab;
+  const std::vector<int32_t> p = prompt(5, 760);
+  constexpr int kDecode = 5;
+  for (int kind : {0, 1}) {
+    auto run = [&](int threads, int companions) {
+      EngineOptions o = options(1024);
+      o.n_threads = threads;
+      Engine engine(*model_, o);
+      std::vector<std::unique_ptr<Sequence>> others;
+      std::vector<int32_t> other_next(companions);
+      for (int c = 0; c < companions; c++) {
+        others.push_back(engine.new_sequence());
+        const std::vector<int32_t> pc = prompt(c, 20);
+        engine.feed(*others.back(), pc.data(), (int64_t)pc.size());
+      }
+      auto seq = engine.new_sequence();
+      seq->set_press(make(kind));
+      seq->begin_context();
+      engine.feed(*seq, p.data(), (int64_t)p.size());
+      seq->end_context(p);
+      std::vector<float> trace;
+      for (int i = 0; i < kDecode; i++) {
+        trace.insert(trace.end(), seq->logits(), seq->logits() + V);
+        int32_t id = Sampler::argmax(seq->logits(), V);
+        std::vector<Segment> segs(1 + companions);
+        segs[0].seq = seq.get(); segs[0].tokens = &id; segs[0].n = 1;
+        for (int c = 0; c < companions; c++) {
+          other_next[c] = Sampler::argmax(others[c]->logits(), V);
+          segs[1 + c].seq = others[c].get(); segs[1 + c].tokens = &other_next[c]; segs[1 + c].n = 1;
+        }
+        engine.step(segs);
+        for (const Segment& g : segs) EXPECT_EQ(g.status, SegmentStatus::Ok);
+      }
+      trace.insert(trace.end(), seq->logits(), seq->logits() + V);
+      return trace;
+    };
+    const std::vector<float> split = run(2, 0), batched = run(2, 3), one_thread = run(1, 0);
+    ASSERT_EQ(split.size(), batched.size());
+    double worst_b = 0, worst_1 = 0;
+    for (size_t i = 0; i < split.size(); i++) {
+      worst_b = std::max(worst_b, (double)std::abs(split[i] - batched[i]));
+      worst_1 = std::max(worst_1, (double)std::abs(split[i] - one_thread[i]));
+    }
+    EXPECT_EQ(worst_b, 0.0) << "press kind " << kind;
+    EXPECT_EQ(worst_1, 0.0) << "press kind " << kind;
+  }
+}
+
 TEST_F(EngineTest, OtherSequencesInTheStepDoNotChangeLogits) {
   const int V = model_->config().n_vocab;
   const std::vector<int32_t> p = prompt(3, 64), q = prompt(4, 40);

@@ -339,8 +339,8 @@ TEST(Gemma3, WindowedAttentionKernelMatchesReference) {
   for (float& x : q) x = 0.2f * nd(rng);
   const int64_t visible[R] = {20, 40, 41, 69, 70}, first[R] = {13, 33, 34, 40, 0};
   AttentionBlock b{q.data(), D, R, visible, out.data(), D, true, first};
-  std::vector<float> scores((size_t)R * N), page((size_t)2 * KvCache::kPageTokens * D);
-  attend(b, cache, 0, 0, scores.data(), page.data());
+  std::vector<float> scores((size_t)R * N), page((size_t)2 * KvCache::kPageTokens * D), partial((size_t)R * D);
+  attend(b, cache, 0, 0, scores.data(), page.data(), partial.data());
   AttentionBlock br = b;
   br.out = ref.data();
   attend_reference(br, cache, 0, 0);
@@ -360,7 +360,7 @@ TEST(Gemma3, WindowedAttentionKernelMatchesReference) {
   std::vector<float> out2((size_t)R * D);
   AttentionBlock b2 = b;
   b2.out = out2.data();
-  attend(b2, other, 0, 0, scores.data(), page.data());
+  attend(b2, other, 0, 0, scores.data(), page.data(), partial.data());
   for (int r = 0; r < R - 1; r++)  // every row but the last starts at or after entry 13
     EXPECT_EQ(max_diff(&out[(size_t)r * D], &out2[(size_t)r * D], D), 0.0f) << r;
   EXPECT_GT(max_diff(&out[(size_t)(R - 1) * D], &out2[(size_t)(R - 1) * D], D), 1e-3f);
