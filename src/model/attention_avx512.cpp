@@ -36,27 +36,40 @@ inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 // the block, so a row's result does not depend on which rows share its block (batched = alone).
 // Heads wider than 128 (Gemma 3: 256) run the chunks in groups of 8 so the query chunks and the 16
 // accumulators stay in registers; each accumulator still sums its chunks in order 0 .. nc-1.
-template <class T>
+// NC > 0 fixes nc at compile time (64-, 128- and 256-wide heads: loops unrolled, queries in registers;
+// with a run-time count the compiler copied the query chunks through the stack and branched per chunk
+// inside the FMA loop); NC = 0 takes nc from d. Both sum in the same order.
+template <int NC, class T>
 void scores_page(const float* q, int64_t q_stride, int rows, const int64_t* visible, const T* keys, int64_t j0,
                  int64_t nj, int d, float* scores, int64_t s_stride) {
-  const int nc = d / 16;
+  const int nc = NC > 0 ? NC : d / 16;
   // Convert the page's keys once (unfilled slots are zeros, never read from the page).
   alignas(64) float kf[16 * 256];
   for (int i = 0; i < (int)nj * nc; i++)
     _mm512_store_ps(kf + 16 * i, load16(keys + 16 * i));
   for (int i = (int)nj * nc; i < 16 * nc; i++) _mm512_store_ps(kf + 16 * i, _mm512_setzero_ps());
+  constexpr int kGroup = NC > 0 && NC < 8 ? NC : 8;  // query chunks held in registers at a time
   for (int r = 0; r < rows; r++) {
     const int64_t jmax = std::min<int64_t>(nj, visible[r] - j0);
     if (jmax <= 0) continue;
     const float* qr = q + r * q_stride;
     __m512 acc[16];  // fma(q, k, 0) rounds q * k once, as a multiply would
     for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
-    for (int c0 = 0; c0 < nc; c0 += 8) {
-      const int cn = std::min(8, nc - c0);
+    for (int c0 = 0; c0 < nc; c0 += kGroup) {
+      if (NC > 0 || nc - c0 >= kGroup) {  // a whole group: a compile-time count
+        __m512 qv[kGroup];
+        for (int c = 0; c < kGroup; c++) qv[c] = _mm512_loadu_ps(qr + 16 * (c0 + c));
+        for (int j = 0; j < 16; j++) {
+          const float* kj = kf + j * nc * 16 + 16 * c0;
+          for (int c = 0; c < kGroup; c++) acc[j] = _mm512_fmadd_ps(qv[c], _mm512_load_ps(kj + 16 * c), acc[j]);
+        }
+        continue;
+      }
+      const int cn = nc - c0;
       __m512 qv[8];
       for (int c = 0; c < cn; c++) qv[c] = _mm512_loadu_ps(qr + 16 * (c0 + c));
       for (int j = 0; j < 16; j++) {
-        const float* kj = kf + j * d + 16 * c0;
+        const float* kj = kf + j * nc * 16 + 16 * c0;
         for (int c = 0; c < cn; c++) acc[j] = _mm512_fmadd_ps(qv[c], _mm512_load_ps(kj + 16 * c), acc[j]);
       }
     }
@@ -64,11 +77,11 @@ void scores_page(const float* q, int64_t q_stride, int rows, const int64_t* visi
   }
 }
 
-// out[r] += sum_j probs[r][j0 + j] * v_j over the visible values of one page.
-template <class T>
+// out[r] += sum_j probs[r][j0 + j] * v_j over the visible values of one page (NC as for scores_page).
+template <int NC, class T>
 void accumulate_page(const float* probs, int64_t s_stride, int rows, const int64_t* visible, const T* values,
                      int64_t j0, int64_t nj, int d, float* out, int64_t out_stride) {
-  const int nc = d / 16;
+  const int nc = NC > 0 ? NC : d / 16;
   // Convert f16 values once for all rows (a KV head's query heads share them); f32 ones are read in place.
   alignas(64) float vf[std::is_same_v<T, float> ? 1 : 16 * 256];
   if constexpr (!std::is_same_v<T, float>) {
@@ -87,10 +100,10 @@ void accumulate_page(const float* probs, int64_t s_stride, int rows, const int64
     for (int64_t j = 0; j < jmax; j++) {
       const __m512 p = _mm512_set1_ps(pr[j]);
       if constexpr (std::is_same_v<T, float>) {
-        const float* vj = values + j * d;
+        const float* vj = values + j * nc * 16;
         for (int c = 0; c < nc; c++) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 16 * c), acc[c]);
       } else {
-        const float* vj = vf + j * d;
+        const float* vj = vf + j * nc * 16;
         for (int c = 0; c < nc; c++) acc[c] = _mm512_fmadd_ps(p, _mm512_load_ps(vj + 16 * c), acc[c]);
       }
     }
@@ -98,23 +111,32 @@ void accumulate_page(const float* probs, int64_t s_stride, int rows, const int64
   }
 }
 
+// Runs F<NC> with NC fixed for the common head sizes.
+#define KVZAP_BY_HEAD_DIM(F, ...)                           \
+  switch (d) {                                              \
+    case 64: F<4>(__VA_ARGS__); break;                      \
+    case 128: F<8>(__VA_ARGS__); break;                     \
+    case 256: F<16>(__VA_ARGS__); break;                    \
+    default: F<0>(__VA_ARGS__); break;                      \
+  }
+
 }  // namespace
 
 void attention_scores_page(const float* q, int64_t q_stride, int rows, const int64_t* visible, const uint16_t* keys,
                            int64_t j0, int64_t nj, int d, float* scores, int64_t s_stride) {
-  scores_page(q, q_stride, rows, visible, keys, j0, nj, d, scores, s_stride);
+  KVZAP_BY_HEAD_DIM(scores_page, q, q_stride, rows, visible, keys, j0, nj, d, scores, s_stride)
 }
 void attention_scores_page(const float* q, int64_t q_stride, int rows, const int64_t* visible, const float* keys,
                            int64_t j0, int64_t nj, int d, float* scores, int64_t s_stride) {
-  scores_page(q, q_stride, rows, visible, keys, j0, nj, d, scores, s_stride);
+  KVZAP_BY_HEAD_DIM(scores_page, q, q_stride, rows, visible, keys, j0, nj, d, scores, s_stride)
 }
 void attention_accumulate_page(const float* probs, int64_t s_stride, int rows, const int64_t* visible,
                                const uint16_t* values, int64_t j0, int64_t nj, int d, float* out, int64_t out_stride) {
-  accumulate_page(probs, s_stride, rows, visible, values, j0, nj, d, out, out_stride);
+  KVZAP_BY_HEAD_DIM(accumulate_page, probs, s_stride, rows, visible, values, j0, nj, d, out, out_stride)
 }
 void attention_accumulate_page(const float* probs, int64_t s_stride, int rows, const int64_t* visible,
                                const float* values, int64_t j0, int64_t nj, int d, float* out, int64_t out_stride) {
-  accumulate_page(probs, s_stride, rows, visible, values, j0, nj, d, out, out_stride);
+  KVZAP_BY_HEAD_DIM(accumulate_page, probs, s_stride, rows, visible, values, j0, nj, d, out, out_stride)
 }
 
 }  // namespace kvzap::avx512
