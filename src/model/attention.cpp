@@ -264,7 +264,8 @@ void attend(const AttentionBlock& b, const KvCache& cache, int layer, int head, 
   const AttentionExtent e = attention_extent(b);
   attend_scores(b, cache, layer, head, e, e.p0, e.n_pages, scores, page_f32);
   for (int r = 0; r < b.rows; r++) attend_softmax(b, e, r, scores);
-  for (int r = 0; r < b.rows; r++) std::fill(b.out + r * b.out_stride, b.out + r * b.out_stride + d, 0.0f);
+  if (e.c0 == e.c1)  // no entries: a zero output, as attend_merge gives (the first chunk is copied, not added)
+    for (int r = 0; r < b.rows; r++) std::fill(b.out + r * b.out_stride, b.out + r * b.out_stride + d, 0.0f);
   for (int c = e.c0; c < e.c1; c++) {
     attend_values(b, cache, layer, head, e, c, c + 1, scores, partial, page_f32);
     add_chunk(b, d, partial, c == e.c0);
