@@ -123,6 +123,15 @@ void BM_Gemv_BF16_4864x896_Streaming(benchmark::State& s) { run_gemv_streaming(s
 BENCHMARK(BM_Gemv_F16_4864x896_Streaming)->Arg(1)->Arg(2)->ArgName("thr")->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Gemv_BF16_4864x896_Streaming)->Arg(1)->Arg(2)->ArgName("thr")->UseRealTime()->Unit(benchmark::kMicrosecond);
 
+// Qwen2.5-Coder-0.5B decode matrices from DRAM: ffn_gate/up Q5_0 896 -> 4864 (3.0 MB a copy, 24 copies),
+// ffn_down Q6_K 4864 -> 896 (3.6 MB, 20 copies), and the Q8_0 LM head 896 -> 151936 (145 MB, one copy).
+void BM_Gemv_Q5_0_896x4864_Streaming(benchmark::State& s) { run_gemv_streaming(s, GgmlType::Q5_0, 896, 4864, 24); }
+void BM_Gemv_Q6_K_4864x896_Streaming(benchmark::State& s) { run_gemv_streaming(s, GgmlType::Q6_K, 4864, 896, 20); }
+void BM_Gemv_Q8_0_896x151936_Streaming(benchmark::State& s) { run_gemv_streaming(s, GgmlType::Q8_0, 896, 151936, 1); }
+BENCHMARK(BM_Gemv_Q5_0_896x4864_Streaming)->Arg(1)->Arg(2)->ArgName("thr")->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Gemv_Q6_K_4864x896_Streaming)->Arg(1)->Arg(2)->ArgName("thr")->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Gemv_Q8_0_896x151936_Streaming)->Arg(1)->Arg(2)->ArgName("thr")->UseRealTime()->Unit(benchmark::kMicrosecond);
+
 // Cost of one parallel_for with trivial work: the per-op overhead decode pays ~300 times per token.
 void BM_ThreadPoolJob(benchmark::State& state) {
   kvzap::ThreadPool pool((int)state.range(0));

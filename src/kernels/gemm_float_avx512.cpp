@@ -102,7 +102,7 @@ __attribute__((always_inline)) inline void gemv_rows_f(const uint8_t* const* row
     const __m512 av = _mm512_load_ps(a + i);
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
-      if (K == Kind::F32 || (i & 31) == 0) _mm_prefetch((const char*)rows[r] + prefetch_distance + i / 16 * kStepBytes, _MM_HINT_T0);
+      if (K == Kind::F32 || (i & 31) == 0) _mm_prefetch((const char*)rows[r] + prefetch_distance + i / 16 * kStepBytes, _MM_HINT_T1);
       acc[r] = _mm512_fmadd_ps(load_w<K>(rows[r], i), av, acc[r]);
     }
   }
@@ -213,7 +213,7 @@ KVZAP_BF16_TARGET __attribute__((always_inline)) inline void gemv_rows_bf16(cons
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
       const uint16_t* wr = (const uint16_t*)rows[r] + i;
-      _mm_prefetch((const char*)wr + prefetch_distance, _MM_HINT_T0);
+      _mm_prefetch((const char*)wr + prefetch_distance, _MM_HINT_T1);
       acc[r] = dp_bf16(acc[r], _mm512_loadu_si512((const void*)wr), av);
     }
   }

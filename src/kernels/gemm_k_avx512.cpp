@@ -207,10 +207,10 @@ __attribute__((always_inline)) inline void gemv_rows(const uint8_t* const* rows,
     __m256i table[NR];
     for (int r = 0; r < NR; ++r) {
       const char* ahead = (const char*)rows[r] + prefetch_distance + (size_t)b * kB;
-      _mm_prefetch(ahead, _MM_HINT_T0);
-      _mm_prefetch(ahead + 64, _MM_HINT_T0);
-      _mm_prefetch(ahead + 128, _MM_HINT_T0);
-      _mm_prefetch(ahead + kB - 1, _MM_HINT_T0);
+      _mm_prefetch(ahead, _MM_HINT_T1);
+      _mm_prefetch(ahead + 64, _MM_HINT_T1);
+      _mm_prefetch(ahead + 128, _MM_HINT_T1);
+      _mm_prefetch(ahead + kB - 1, _MM_HINT_T1);
       table[r] = scale_table<T>(rows[r] + (size_t)b * kB);
       isum[r] = _mm512_setzero_si512();
     }

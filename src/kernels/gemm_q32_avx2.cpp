@@ -203,7 +203,7 @@ __attribute__((always_inline)) inline void gemv_rows(const uint8_t* const* rows,
       const __m256 da = _mm256_load_ps((const float*)(ap + kQBytes<T>));
       for (int r = 0; r < NR; ++r) {
         const uint8_t* blk = rows[r] + (size_t)b * F::kBytes;
-        _mm_prefetch((const char*)blk + prefetch_distance, _MM_HINT_T0);
+        _mm_prefetch((const char*)blk + prefetch_distance, _MM_HINT_T1);
         const WeightBlock w = load_block<T>(blk);
         const __m256i isum = block_isum<T>(w.lo, w.hi, ap);
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(_mm256_set1_ps(w.d), da), acc[r]);

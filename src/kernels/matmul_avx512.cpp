@@ -170,10 +170,10 @@ inline __m512i unpack_nibble_pair(const uint8_t* qs0, const uint8_t* qs1) {
                             _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), 1);
 }
 
-// Fifth bits of a Q5 pair as a byte mask in the nibble byte order.
+// Fifth bits of a Q5 pair as a byte mask in the nibble byte order: b's 16-bit halves go to mask bits
+// 0-15 and 32-47, b1's to 16-31 and 48-63 (two bit deposits instead of shifting four halves).
 inline __mmask64 fifth_bits(uint32_t qh0, uint32_t qh1) {
-  const uint64_t h0 = qh0, h1 = qh1;
-  return (__mmask64)((h0 & 0xFFFF) | ((h1 & 0xFFFF) << 16) | ((h0 >> 16) << 32) | ((h1 >> 16) << 48));
+  return (__mmask64)(_pdep_u64(qh0, 0x0000FFFF0000FFFFull) | _pdep_u64(qh1, 0xFFFF0000FFFF0000ull));
 }
 
 // One weight pair (blocks 2p and 2p + 1 of a row) ready for vpdpbusd, plus its fp16 header fields as
@@ -295,8 +295,8 @@ struct GemvState {
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
       const char* ahead = (const char*)rows[r] + prefetch_distance + (size_t)(2 * p) * F::kBytes;
-      _mm_prefetch(ahead, _MM_HINT_T0);
-      if constexpr (2 * F::kBytes > 64) _mm_prefetch(ahead + 2 * F::kBytes - 1, _MM_HINT_T0);
+      _mm_prefetch(ahead, _MM_HINT_T1);
+      if constexpr (2 * F::kBytes > 64) _mm_prefetch(ahead + 2 * F::kBytes - 1, _MM_HINT_T1);
       const WeightPair w = load_pair<T>(rows[r], p, has_b1, kMasked);
       const __m512 dwv = _mm512_permutexvar_ps(idx_d, w.hdr);
       const __m512i isum = _mm512_dpbusd_epi32(init, w.z, av);
