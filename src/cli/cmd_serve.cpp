@@ -25,6 +25,7 @@ struct ServeArgs {
   std::string host = "127.0.0.1", kv_budget, prefix_cache, max_body = "8MiB", alias, slot_save_path;
   std::string api_key, api_key_file;
   int port = 8080, parallel = 4, max_queue = 64, max_tokens = 4096, http_threads = 0;
+  int64_t prefill_chunk = 64;
   double timeout = 600, shutdown_grace = 5;
 };
 
@@ -146,6 +147,7 @@ int run_serve(const ServeArgs& a) {
     server::SchedulerOptions so;
     so.parallel = a.parallel;
     so.max_queue = a.max_queue;
+    so.prefill_chunk_while_decoding = a.prefill_chunk;
     if (a.prefix_cache.empty()) so.prefix_cache_bytes = engine.pages().budget_bytes() / 4;
     else if (a.prefix_cache == "0" || a.prefix_cache == "off") so.prefix_cache_bytes = 0;
     else so.prefix_cache_bytes = parse_byte_size(a.prefix_cache);
@@ -191,6 +193,7 @@ RegisterCommand reg("serve", "OpenAI-compatible HTTP server (continuous batching
   sub.add_option("--kv-budget", a->kv_budget, "KV page budget shared by all requests, e.g. 512MiB (default: half the available memory; "
                                              "with --kv-type f32 it holds half as many tokens)");
   sub.add_option("--prefix-cache", a->prefix_cache, "bytes of compressed prefixes kept for reuse (default: a quarter of the KV budget; 0 = off)");
+  sub.add_option("--prefill-chunk", a->prefill_chunk, "most prompt tokens a step takes while other requests are decoding: bounds their inter-token latency, at the cost of a new request's time to first token (default 64; 0 = up to --batch)")->check(CLI::Range(0, 1 << 24));
   sub.add_option("--max-queue", a->max_queue, "most requests waiting for admission; beyond: 503 (default 64)")->check(CLI::Range(0, 1 << 20));
   sub.add_option("--max-tokens-limit", a->max_tokens, "largest max_tokens a request may ask for (default 4096)")->check(CLI::Range(1, 1 << 24));
   sub.add_option("--timeout", a->timeout, "per-request time limit in seconds; generation stops with finish_reason length (default 600, 0 = none)")->check(CLI::Range(0.0, 1e7));

@@ -34,6 +34,8 @@ struct Metrics {
   std::atomic<int64_t> prefix_cache_queries_total{0}, prefix_cache_hits_total{0};  // in prompt tokens, as vLLM
   std::atomic<int64_t> requests_finished_total{0}, requests_cancelled_total{0}, requests_rejected_total{0};
   Histogram time_to_first_token{{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}};
+  // Tokens per forward step (decode tokens + prefill chunks), vLLM's buckets.
+  Histogram iteration_tokens{{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384}};
   Histogram inter_token_latency{{0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5}};
 
   std::string render() const;

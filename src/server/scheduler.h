@@ -27,7 +27,10 @@ namespace kvzap::server {
 struct SchedulerOptions {
   int parallel = 4;                 // most running requests
   int max_queue = 64;               // most waiting requests; beyond: 503
-  int64_t step_tokens = 512;        // tokens per forward step (decode tokens + prefill chunks)
+  // Most prompt tokens a step takes while other requests are decoding (0 = up to the engine's batch).
+  // A step costs about its token count, so a long prefill chunk would stall every decoding stream for
+  // that step: the inter-token latency of running requests is bounded by this cap instead.
+  int64_t prefill_chunk_while_decoding = 64;
   int64_t prefix_cache_bytes = 0;   // 0 = no prefix reuse
   bool log_requests = true;         // one line per request on stderr
 };

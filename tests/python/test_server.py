@@ -261,6 +261,44 @@ def test_preemption_recomputes_and_matches(tmp_path):
         assert tight.stop() == 0
 
 
+def test_prefill_chunk_bounds_steps_while_decoding():
+    # A long prompt arriving while another request decodes is fed in --prefill-chunk pieces, so no step
+    # (whose time is about its token count) stalls the decoding stream for the whole prompt; with the cap
+    # off (0) the same prompt goes into one big step (the negative control).
+    long_prompt = " ".join(f"word{i}" for i in range(300))
+    for cap, bound in (("16", 32), ("0", None)):
+        s = Server("--parallel", "2", "--prefill-chunk", cap, "--prefix-cache", "0")
+        try:
+            stop = threading.Event()
+
+            def long_stream():
+                with s.client() as c, c.stream("POST", "/v1/completions", json={
+                        "prompt": "Forever", "max_tokens": 4000, "stream": True, "ignore_eos": True}) as r:
+                    for _ in r.iter_lines():
+                        if stop.is_set():
+                            break
+
+            first = threading.Thread(target=long_stream)
+            first.start()
+            s.wait_metrics(lambda m: m["kvzap:generation_tokens_total"] >= 2)
+            with s.client() as c:
+                r = c.post("/v1/completions", json={"prompt": long_prompt, "max_tokens": 1})
+            assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] >= 300, r.text
+            still_decoding = s.metrics()["kvzap:num_requests_running"] == 1
+            stop.set()
+            first.join()
+            assert still_decoding  # the whole prompt was prefilled beside the decoding stream
+            m = s.metrics()
+            steps = m["kvzap:iteration_tokens_total_count"]
+            if bound is not None:
+                over = steps - m[f'kvzap:iteration_tokens_total_bucket{{le="{bound}"}}']
+                assert over == 0, f"{over:.0f} of {steps:.0f} steps took more than {bound} tokens"
+            else:
+                assert steps - m['kvzap:iteration_tokens_total_bucket{le="256"}'] >= 1
+        finally:
+            assert s.stop() == 0
+
+
 def test_wait_queue_is_bounded():
     s = Server("--parallel", "1", "--max-queue", "1")
     try:
