@@ -272,7 +272,9 @@ inline __mmask16 pair_lanes(int64_t p, bool has_b1) { return (__mmask16)((has_b1
 // packed tile path per output, so decode and prefill give bit-identical rows.
 
 // Rows are read in lock-step, which the hardware prefetchers follow poorly (measured 2.5x slower on a
-// DRAM-resident LM head): each pair also prefetches the same bytes of the row 4 groups further on.
+// DRAM-resident LM head): each pair also prefetches the same bytes of the row 4 groups further on, into
+// L2 (prefetcht1): into L1 the prefetches filled L1's miss buffers and the LM head streamed at 9 GB/s on
+// one thread instead of ~24 (docs/BENCHMARKS.md). The other decode GEMVs (K, float, AVX2) use L2 too.
 constexpr int kPrefetchGroups = 4;
 
 // Accumulators of NR rows x 1 token; step() consumes one weight pair of every row.
