@@ -286,15 +286,14 @@ void Scheduler::build_segments() {
   segments_.clear();
   segment_owner_.clear();
   int64_t budget = engine_.n_batch();
-  int64_t n_decoding = 0;
   for (auto& a : running_) {
     if (!a->decoding || budget <= 0) continue;
     segments_.push_back({a->seq.get(), &a->next_token, 1, LogitsMode::Last});
     segment_owner_.push_back(a.get());
     budget--;
-    n_decoding++;
   }
-  if (n_decoding > 0 && opt_.prefill_chunk_while_decoding > 0)
+  // segments_ holds only decode tokens so far.
+  if (!segments_.empty() && opt_.prefill_chunk_while_decoding > 0)
     budget = std::min(budget, opt_.prefill_chunk_while_decoding);
   for (auto& a : running_) {
     if (a->decoding || a->fed >= a->feed.size() || budget <= 0) continue;
