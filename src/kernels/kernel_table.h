@@ -21,6 +21,9 @@ struct MatmulKernel {
   // work: this thread's workspace (64-byte aligned) or nullptr when work_bytes is null.
   void (*compute)(const WeightMatrix& w, const uint8_t* act, size_t act_stride, int64_t r0, int64_t r1,
                   int64_t t0, int64_t t1, float* y, int64_t ldy, uint8_t* work) = nullptr;
+  // Tokens per work item on the prefill path (0: the dispatcher's default); a kernel whose per-item
+  // weight packing costs more than its activations take in L2 asks for more.
+  int64_t token_block = 0;
   explicit operator bool() const { return compute != nullptr; }
 };
 

@@ -274,7 +274,7 @@ void matmul_group(const WeightMatrix* const* ws, float* const* ys, int n_mats, c
     act = dst;
   }
 
-  const int64_t tok_block = std::min(n_tok, kTokenBlock);
+  const int64_t tok_block = std::min(n_tok, k.token_block > 0 ? k.token_block : kTokenBlock);
   const int64_t n_tb = (n_tok + tok_block - 1) / tok_block;
   // Aim for ~4 work items per thread (dynamic hand-out evens out the rest).
   const int64_t max_rows = n_tb > 1 || n_tok > 4 ? 64 : 512;
