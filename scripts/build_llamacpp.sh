@@ -14,6 +14,10 @@
 # Installs into ${KVZAP_PEER_DIR:-$HOME/.cache/kvzap/llamacpp-<version>}/bin. A second run finds the
 # binaries there and returns at once. Progress goes to stderr; the last line on stdout is the bin folder.
 #
+# AMX: on a CPU with AMX-INT8 (Sapphire Rapids and later) -march=native turns on ggml's AMX backend, whose
+# mat-mul segfaults on Q4_K_M models (ggml_backend_amx_mul_mat; llama.cpp issue #20824, seen here on
+# Qwen2.5-Coder-0.5B with 0.3.36). Such hosts get -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 (llama.cpp's
+# AVX-512 VNNI path, which kvzap also uses) and a prefix ending in -noamx; LLAMACPP_AMX=1 keeps AMX.
 # Environment: LLAMACPP_PY_VERSION, KVZAP_PEER_DIR, JOBS (default 2), PYTHON (default python3),
 #              KVZAP_PEER_KEEP_BUILD=1 keeps the extracted source and the build tree.
 # Usage:       bash scripts/build_llamacpp.sh            # prints e.g. /root/.cache/kvzap/llamacpp-0.3.36/bin
@@ -21,7 +25,9 @@
 set -euo pipefail
 
 version="${LLAMACPP_PY_VERSION:-0.3.36}"
-prefix="${KVZAP_PEER_DIR:-$HOME/.cache/kvzap/llamacpp-$version}"
+no_amx=0
+if [[ "${LLAMACPP_AMX:-0}" != 1 ]] && grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then no_amx=1; fi
+prefix="${KVZAP_PEER_DIR:-$HOME/.cache/kvzap/llamacpp-$version$([[ $no_amx == 1 ]] && echo -noamx)}"
 bindir="$prefix/bin"
 jobs="${JOBS:-2}"
 python="${PYTHON:-python3}"
@@ -129,6 +135,11 @@ cmake_flags=(
   -DLLAMA_LLGUIDANCE=OFF
   -DLLAMA_BUILD_MTMD=OFF
 )
+if [[ $no_amx == 1 ]]; then
+  amx_off="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  cmake_flags+=("-DCMAKE_C_FLAGS=$amx_off" "-DCMAKE_CXX_FLAGS=$amx_off")
+  log "AMX-INT8 CPU: building without AMX (llama.cpp #20824; LLAMACPP_AMX=1 keeps it)"
+fi
 log "configuring (cmake ${cmake_flags[*]})"
 cmake -S "$src" -B "$work/build" "${gen[@]}" "${launcher[@]}" "${cmake_flags[@]}" >&2
 log "building ${targets[*]} with -j$jobs (takes minutes on 2 cores)"
