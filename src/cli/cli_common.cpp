@@ -48,6 +48,8 @@ void PressArgs::add_to(CLI::App& sub, bool with_surrogate) {
   sub.add_option("--ratio-scope", scope, "ratio budget: global (across layers and heads), layer, head, or adakv (per layer with a 20 % per-head safeguard)")
       ->check(CLI::IsMember({"global", "layer", "head", "adakv"}));
   sub.add_option("--window", window, "threshold presses never judge the most recent W tokens")->check(CLI::Range(0, 1 << 20));
+  sub.add_option("--sink-tokens", sink_tokens, "threshold presses never evict the first N positions (attention sinks; default 0, as kvpress)")
+      ->check(CLI::Range(0, 1 << 20));
   sub.add_flag("--decode-press", decoding, "keep pruning question and generated tokens (threshold presses)");
   sub.add_flag("--press-sliding-layers", sliding_layers,
                "also prune sliding-window layers (by default presses prune only global-attention layers)");
@@ -69,6 +71,7 @@ std::unique_ptr<Press> PressArgs::make(const Model& model) const {
   o.ratio = ratio;
   o.ratio_scope = scope;
   o.window = window;
+  o.sink_tokens = sink_tokens;
   o.decoding = decoding;
   o.sliding_layers = sliding_layers;
   o.surrogate_dir = surrogate;

@@ -33,6 +33,7 @@ struct PressArgs {
   double threshold = 0, ratio = 0;
   std::string scope = "global";
   int window = 128;
+  int sink_tokens = 0;
   bool decoding = false;
   bool sliding_layers = false;
   std::string surrogate;

@@ -56,6 +56,7 @@ class ThresholdPress : public Press {
   std::string scorer_name_;
   double threshold_;
   int window_;
+  int sink_tokens_;                 // positions < this are never evicted
   bool decoding_;
   bool in_context_ = false;
   int64_t n_evicted_ = 0;

@@ -68,6 +68,9 @@ struct PressOptions {
   double ratio = 0;           // fraction of context entries to evict
   std::string ratio_scope = "global";  // global | layer | head
   int window = 128;           // threshold policy: the most recent `window` tokens are never judged
+  // Threshold policy: positions < sink_tokens are never evicted (attention sinks such as <bos>). 0, as in
+  // the KVzap paper and kvpress (their threshold press protects no sink).
+  int sink_tokens = 0;
   bool decoding = false;      // threshold policy: also prune question and generated tokens
   // Sliding-window layers (Gemma 3's local layers) already keep only their window: presses leave them
   // alone unless asked (they prune the global layers).

@@ -34,15 +34,19 @@ ThresholdPress::ThresholdPress(std::unique_ptr<Scorer> scorer, const PressOption
       scorer_name_(opt.name),
       threshold_(opt.threshold),
       window_(opt.window),
+      sink_tokens_(opt.sink_tokens),
       decoding_(opt.decoding),
       sliding_layers_(opt.sliding_layers) {
   if (!scorer_ || !scorer_->per_step()) throw Error("internal: the threshold policy needs a per-step scorer");
   if (window_ < 0) throw Error("the window must be >= 0, got " + std::to_string(window_));
+  if (sink_tokens_ < 0) throw Error("the sink token count must be >= 0, got " + std::to_string(sink_tokens_));
 }
 
 std::string ThresholdPress::name() const {
   char buf[160];
-  std::snprintf(buf, sizeof buf, "%s (threshold %g, window %d%s)", scorer_name_.c_str(), threshold_, window_,
+  char sinks[32] = "";
+  if (sink_tokens_ > 0) std::snprintf(sinks, sizeof sinks, ", %d sink tokens", sink_tokens_);
+  std::snprintf(buf, sizeof buf, "%s (threshold %g, window %d%s%s)", scorer_name_.c_str(), threshold_, window_, sinks,
                 decoding_ ? ", decoding" : "");
   return buf;
 }
@@ -102,7 +106,7 @@ void ThresholdPress::evict_leaving(int layer, size_t n_leave, KvCache& cache) {
   for (int h = 0; h < cache.n_head_kv(); h++) {
     const std::vector<float>& score = win.score[(size_t)h];
     size_t i = 0;
-    while (i < n_leave && !(score[i] < threshold_)) i++;
+    while (i < n_leave && !(score[i] < threshold_ && win.pos[i] >= sink_tokens_)) i++;
     if (i == n_leave) continue;
 
     // The stream is sorted by position; binary-search the first victim's slot, then walk forward
@@ -117,7 +121,7 @@ void ThresholdPress::evict_leaving(int layer, size_t n_leave, KvCache& cache) {
     bool any = false;
     int64_t slot = lo;
     for (; i < n_leave && slot < len; i++) {
-      if (!(score[i] < threshold_)) continue;
+      if (!(score[i] < threshold_ && win.pos[i] >= sink_tokens_)) continue;
       const int32_t p = win.pos[i];
       while (slot < len && cache.position_at(layer, h, slot) < p) slot++;
       if (slot < len && cache.position_at(layer, h, slot) == p) {

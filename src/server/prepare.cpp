@@ -31,8 +31,9 @@ bool resolve_press(const std::optional<KvCompressionSpec>& spec, const ServerDef
     return d.has_press;
   }
   if (spec->press && *spec->press == "none") {
-    if (spec->threshold || spec->ratio || spec->window || spec->decoding || spec->sliding_layers)
-      throw invalid_request("kv_compression: press \"none\" takes no threshold, ratio, window, decoding or sliding_layers");
+    if (spec->threshold || spec->ratio || spec->window || spec->sink_tokens || spec->decoding || spec->sliding_layers)
+      throw invalid_request(
+          "kv_compression: press \"none\" takes no threshold, ratio, window, sink_tokens, decoding or sliding_layers");
     return false;
   }
   if (spec->press && (!d.has_press || *spec->press != d.press.name)) {
@@ -52,6 +53,7 @@ bool resolve_press(const std::optional<KvCompressionSpec>& spec, const ServerDef
     out.has_threshold = false;
   }
   if (spec->window) out.window = *spec->window;
+  if (spec->sink_tokens) out.sink_tokens = *spec->sink_tokens;
   if (spec->decoding) out.decoding = *spec->decoding;
   if (spec->sliding_layers) out.sliding_layers = *spec->sliding_layers;
   return true;
@@ -60,9 +62,9 @@ bool resolve_press(const std::optional<KvCompressionSpec>& spec, const ServerDef
 std::string press_settings_key(bool has_press, const PressOptions& o) {
   if (!has_press) return "none";
   char buf[512];
-  std::snprintf(buf, sizeof buf, "%s|t=%d:%.17g|r=%d:%.17g|scope=%s|w=%d|dec=%d|slide=%d|sur=%s|seed=%llu",
+  std::snprintf(buf, sizeof buf, "%s|t=%d:%.17g|r=%d:%.17g|scope=%s|w=%d|sink=%d|dec=%d|slide=%d|sur=%s|seed=%llu",
                 o.name.c_str(), (int)o.has_threshold, o.threshold, (int)o.has_ratio, o.ratio, o.ratio_scope.c_str(),
-                o.window, (int)o.decoding, (int)o.sliding_layers, o.surrogate_dir.c_str(), (unsigned long long)o.seed);
+                o.window, o.sink_tokens, (int)o.decoding, (int)o.sliding_layers, o.surrogate_dir.c_str(), (unsigned long long)o.seed);
   return buf;
 }
 

@@ -30,6 +30,7 @@ struct KvCompressionSpec {
   std::optional<double> threshold;
   std::optional<double> ratio;
   std::optional<int> window;
+  std::optional<int> sink_tokens;  // threshold presses never evict the first N positions
   std::optional<bool> decoding;
   std::optional<bool> sliding_layers;  // also prune sliding-window layers (Gemma 3's local layers)
 };

@@ -131,6 +131,32 @@ TEST(ThresholdPolicy, PrefillWithinWindowEvictsNothingBeyondItJudgesExactlyTheOv
   EXPECT_EQ(t.press->n_evicted(), (int64_t)kL * kH * 5);
 }
 
+TEST(ThresholdPolicy, SinkTokensAreNeverEvicted) {
+  const ScoreFn low = [](int, int, int32_t) { return -10.0f; };
+  for (int sinks : {0, 1, 4}) {
+    auto s = std::make_unique<FakeScorer>(low);
+    PressOptions opt;
+    opt.name = "fake";
+    opt.has_threshold = true;
+    opt.threshold = 0.0;
+    opt.window = 8;
+    opt.sink_tokens = sinks;
+    ThresholdPress press(std::move(s), opt);
+    KvCache cache(kL, kH, kD);
+    press.start_context();
+    step(cache, press, 40);
+    press.finish_context(cache);
+    std::vector<int32_t> want = range(0, sinks), tail = range(32, 40);
+    want.insert(want.end(), tail.begin(), tail.end());
+    for (int l = 0; l < kL; l++)
+      for (int h = 0; h < kH; h++) EXPECT_EQ(kept(cache, l, h), want) << sinks << " sinks, " << l << " " << h;
+    EXPECT_EQ(press.n_evicted(), (int64_t)kL * kH * (32 - sinks));
+  }
+  PressOptions bad;
+  bad.sink_tokens = -1;
+  EXPECT_THROW(ThresholdPress(std::make_unique<FakeScorer>(low), bad), Error);
+}
+
 TEST(ThresholdPolicy, StrictLessThanKeepsScoresEqualToTheThreshold) {
   const float below = std::nextafter(0.5f, 0.0f);
   const ScoreFn fn = [=](int, int, int32_t p) { return p % 2 == 0 ? 0.5f : below; };

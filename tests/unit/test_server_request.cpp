@@ -101,6 +101,30 @@ TEST(ServerRequest, KvCompressionSlidingLayers) {
   EXPECT_THROW(resolve_press(none, d, with), ApiError);
 }
 
+// sink_tokens (never evict the first N positions) reaches the press and the prefix-cache key.
+TEST(ServerRequest, KvCompressionSinkTokens) {
+  CompletionRequest r =
+      parse_chat_request(chat({{"kv_compression", {{"press", "kvzap-mlp"}, {"threshold", -2}, {"sink_tokens", 4}}}}), limits());
+  ASSERT_TRUE(r.kv_compression && r.kv_compression->sink_tokens);
+  EXPECT_EQ(*r.kv_compression->sink_tokens, 4);
+  ServerDefaults d;
+  kvzap::PressOptions with, without;
+  ASSERT_TRUE(resolve_press(r.kv_compression, d, with));
+  EXPECT_EQ(with.sink_tokens, 4);
+  r.kv_compression->sink_tokens = 0;
+  ASSERT_TRUE(resolve_press(r.kv_compression, d, without));
+  EXPECT_EQ(without.sink_tokens, 0);
+  EXPECT_NE(press_settings_key(true, with), press_settings_key(true, without));
+  expect_chat_error({{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"kv_compression", {{"sink_tokens", -1}}}}, 400,
+                    "sink_tokens");
+  expect_chat_error({{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"kv_compression", {{"sink_tokens", "4"}}}}, 400,
+                    "sink_tokens");
+  KvCompressionSpec none;
+  none.press = "none";
+  none.sink_tokens = 1;
+  EXPECT_THROW(resolve_press(none, d, with), ApiError);
+}
+
 TEST(ServerRequest, CompletionPrompts) {
   CompletionRequest a = parse_completion_request({{"prompt", "hello"}}, limits());
   EXPECT_EQ(*a.prompt_text, "hello");
