@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <ctime>
 
 #include "kvzap/error.h"
@@ -695,8 +696,17 @@ Value binary_op(const std::string& op, const Value& l, const Value& r, int line)
   };
   const bool nums = l.is_number() && r.is_number();
   const bool any_float = l.is_float() || r.is_float();
+  // Python's integers do not overflow; ours are int64: a result out of range is an error, not UB.
+  auto overflow = [&]() -> Value { fail(line, "integer overflow in '" + op + "' (integers are 64-bit here)"); };
+  auto int_op = [&](bool (*f)(int64_t, int64_t, int64_t*)) -> Value {
+    int64_t v = 0;
+    return f(l.as_int(), r.as_int(), &v) ? overflow() : Value(v);
+  };
+  auto add = [](int64_t a, int64_t b, int64_t* v) { return __builtin_add_overflow(a, b, v); };
+  auto subtract = [](int64_t a, int64_t b, int64_t* v) { return __builtin_sub_overflow(a, b, v); };
+  auto multiply = [](int64_t a, int64_t b, int64_t* v) { return __builtin_mul_overflow(a, b, v); };
   if (op == "+") {
-    if (nums) return any_float ? Value(l.as_double() + r.as_double()) : Value(l.as_int() + r.as_int());
+    if (nums) return any_float ? Value(l.as_double() + r.as_double()) : int_op(add);
     if (l.is_string() && r.is_string()) return Value(l.str() + r.str());
     if (l.is_array() && r.is_array() && l.is_tuple() == r.is_tuple()) {
       Array out = l.arr();
@@ -707,10 +717,10 @@ Value binary_op(const std::string& op, const Value& l, const Value& r, int line)
   }
   if (op == "-") {
     if (!nums) return type_error();
-    return any_float ? Value(l.as_double() - r.as_double()) : Value(l.as_int() - r.as_int());
+    return any_float ? Value(l.as_double() - r.as_double()) : int_op(subtract);
   }
   if (op == "*") {
-    if (nums) return any_float ? Value(l.as_double() * r.as_double()) : Value(l.as_int() * r.as_int());
+    if (nums) return any_float ? Value(l.as_double() * r.as_double()) : int_op(multiply);
     const Value* seq = l.is_string() || l.is_array() ? &l : r.is_string() || r.is_array() ? &r : nullptr;
     const Value* cnt = seq == &l ? &r : &l;
     if (!seq || !cnt->is_number() || cnt->is_float()) return type_error();
@@ -734,6 +744,7 @@ Value binary_op(const std::string& op, const Value& l, const Value& r, int line)
     if (r.as_double() == 0) fail(line, "integer division or modulo by zero");
     if (any_float) return Value(std::floor(l.as_double() / r.as_double()));
     const int64_t a = l.as_int(), b = r.as_int();
+    if (a == INT64_MIN && b == -1) return overflow();
     int64_t q = a / b;
     if ((a % b != 0) && ((a < 0) != (b < 0))) q--;
     return Value(q);
@@ -749,6 +760,7 @@ Value binary_op(const std::string& op, const Value& l, const Value& r, int line)
       return Value(m);
     }
     const int64_t a = l.as_int(), b = r.as_int();
+    if (b == -1) return Value((int64_t)0);  // a % -1 is 0 (INT64_MIN % -1 is UB in C++)
     int64_t m = a % b;
     if (m != 0 && ((m < 0) != (b < 0))) m += b;
     return Value(m);
@@ -756,9 +768,15 @@ Value binary_op(const std::string& op, const Value& l, const Value& r, int line)
   if (op == "**") {
     if (!nums) return type_error();
     if (!any_float && r.as_int() >= 0) {
-      int64_t out = 1, base = l.as_int();
-      for (int64_t k = 0; k < r.as_int(); k++) out *= base;
-      return Value(out);
+      // Square-and-multiply: at most 63 steps whatever the exponent, each checked.
+      int64_t out = 1, base = l.as_int(), e = r.as_int();
+      bool over = false;
+      while (e > 0 && !over) {
+        if (e & 1) over = __builtin_mul_overflow(out, base, &out);
+        e >>= 1;
+        if (e > 0 && !over) over = __builtin_mul_overflow(base, base, &base);
+      }
+      return over ? overflow() : Value(out);
     }
     return Value(std::pow(l.as_double(), r.as_double()));
   }

@@ -117,6 +117,19 @@ TEST(Jinja, Arithmetic) {
   EXPECT_TRUE(contains(render_error("{{ 1 / 0 }}"), "division by zero"));
 }
 
+// Found by fuzz_jinja (fuzz/regressions/jinja/int-overflow-mul): int64 arithmetic that leaves the range
+// is an error naming the operator, not undefined behaviour; results at the edge of the range still work.
+TEST(Jinja, IntegerOverflowIsAnError) {
+  EXPECT_EQ(R("{{ 9223372036854775806 + 1 }} {{ -9223372036854775807 - 1 }} {{ 2 ** 62 }} {{ (-2) ** 63 }}"),
+            "9223372036854775807 -9223372036854775808 4611686018427387904 -9223372036854775808");
+  EXPECT_EQ(R("{{ 3 ** 0 }} {{ 0 ** 5 }} {{ (-1) ** 1000000000000000001 }} {{ 1 ** 999999999999999999 }}"), "1 0 -1 1");
+  EXPECT_EQ(R("{{ (-9223372036854775807 - 1) % -1 }} {{ 7 % -1 }}"), "0 0");
+  for (const char* t : {"{{ 2 * 9223372036854775807 }}", "{{ 9223372036854775807 + 1 }}",
+                        "{{ -9223372036854775807 - 2 }}", "{{ 2 ** 63 }}", "{{ 3 ** 1000000000000000000 }}",
+                        "{{ (-9223372036854775807 - 1) // -1 }}"})
+    EXPECT_TRUE(contains(render_error(t), "integer overflow in")) << t;
+}
+
 TEST(Jinja, LogicAndComparisons) {
   EXPECT_EQ(R("{{ 1 == 1.0 }}{{ true == 1 }}{{ [1] == [1] }}{{ {'a': 1} == {'a': 1} }}{{ (1,) == [1] }}"),
             "TrueTrueTrueTrueFalse");
