@@ -7,9 +7,10 @@
 #   scripts/fuzz.sh [SECONDS] [HARNESS...]     e.g. scripts/fuzz.sh 600 gguf zip
 # Environment: KVZAP_FUZZ_BUILD_DIR (default build-fuzz), KVZAP_FUZZ_MERGE=1 minimises the grown corpus
 # back into fuzz/corpus/<name> (to commit it), KVZAP_FUZZ_JOBS (default 1) parallel runs of a harness,
-# KVZAP_FUZZ_SKIP_BUILD=1 runs the harnesses already built.
+# KVZAP_FUZZ_SKIP_BUILD=1 runs the harnesses already built, KVZAP_FUZZ_PARALLEL (default 1) harnesses run
+# at once (one process each; not with KVZAP_FUZZ_JOBS > 1).
 # Needs the normal build dependencies (scripts/setup.sh); installs clang itself (scripts/setup_fuzz.sh).
-# A summary (harness, seconds, executions, exec/s, corpus files/bytes, result) is printed and kept in
+# A summary (harness, seconds, CPU seconds, executions, exec/s, corpus files/bytes, result) is printed and kept in
 # $FUZZ_BUILD/fuzz-summary.tsv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,45 +35,74 @@ mkdir -p "$B/artifacts" "$B/work"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=0}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 summary="$B/fuzz-summary.tsv"
-printf 'harness\tseconds\texecs\texec_per_s\tcorpus_files\tcorpus_bytes\tresult\n' >"$summary"
-failed=0
-for h in "${harnesses[@]}"; do
-  bin="$B/fuzz_$h"
-  [ -x "$bin" ] || { echo "!! no harness $bin"; failed=$((failed + 1)); continue; }
-  seeds="fuzz/corpus/$h"; regress="fuzz/regressions/$h"; work="$B/work/$h"
+printf 'harness\tseconds\tcpu_seconds\texecs\texec_per_s\tcorpus_files\tcorpus_bytes\tresult\n' >"$summary"
+parallel="${KVZAP_FUZZ_PARALLEL:-1}"
+if [ "$parallel" -gt 1 ] && [ "${KVZAP_FUZZ_JOBS:-1}" -gt 1 ]; then
+  echo "KVZAP_FUZZ_PARALLEL and KVZAP_FUZZ_JOBS cannot both be above 1" >&2; exit 2
+fi
+
+# One harness: run, clean up, merge if asked, append its summary row. Returns non-zero on a finding.
+fuzz_one() {
+  local h="$1" bin="$B/fuzz_$1"
+  [ -x "$bin" ] || { echo "!! no harness $bin"; return 1; }
+  local seeds="fuzz/corpus/$h" regress="fuzz/regressions/$h" work="$B/work/$h"
   mkdir -p "$seeds" "$work"
-  dirs=("$work" "$seeds"); [ -d "$regress" ] && dirs+=("$regress")
-  dict=(); [ -f "fuzz/dict/$h.dict" ] && dict=(-dict="fuzz/dict/$h.dict")
-  log="$B/artifacts/$h.log"
-  jobs=(); [ "${KVZAP_FUZZ_JOBS:-1}" -gt 1 ] && jobs=(-jobs="$KVZAP_FUZZ_JOBS" -workers="$KVZAP_FUZZ_JOBS")
+  local dirs=("$work" "$seeds"); [ -d "$regress" ] && dirs+=("$regress")
+  local dict=(); [ -f "fuzz/dict/$h.dict" ] && dict=(-dict="fuzz/dict/$h.dict")
+  local log="$B/artifacts/$h.log" cpu_file="$B/artifacts/$h.cpu"
+  local jobs=(); [ "${KVZAP_FUZZ_JOBS:-1}" -gt 1 ] && jobs=(-jobs="$KVZAP_FUZZ_JOBS" -workers="$KVZAP_FUZZ_JOBS")
   echo "== fuzz_$h for ${SECONDS_PER}s"
-  rc=0
-  "$bin" "${dict[@]}" -max_total_time="$SECONDS_PER" -timeout=5 -rss_limit_mb=2560 -malloc_limit_mb=1024 \
-    -max_len=65536 "${jobs[@]}" -print_final_stats=1 \
-    -artifact_prefix="$B/artifacts/$h-" "${dirs[@]}" >"$log" 2>&1 || rc=$?
+  local rc=0
+  # CPU seconds (user + system, the harness and its workers) next to the wall-clock limit: the CPU
+  # time is what the 1 CPU-hour per harness of docs/RELIABILITY.md counts.
+  { TIMEFORMAT='%U %S'; time "$bin" "${dict[@]}" -max_total_time="$SECONDS_PER" -timeout=5 -rss_limit_mb=2560 \
+      -malloc_limit_mb=1024 -max_len=65536 "${jobs[@]}" -print_final_stats=1 \
+      -artifact_prefix="$B/artifacts/$h-" "${dirs[@]}" >"$log" 2>&1; } 2>"$cpu_file" || rc=$?
+  local cpu; cpu="$(awk 'NF == 2 {printf "%.0f", $1 + $2}' "$cpu_file")"
   if [ "${#jobs[@]}" -gt 0 ]; then cat fuzz-*.log >>"$log" 2>/dev/null || true; rm -f fuzz-*.log; fi
   # libFuzzer leaves through _exit, so the harness's scratch folder (fuzz/fuzz_common.h) stays: remove it.
+  local d
   for d in /dev/shm/kvzap_fuzz_* "${TMPDIR:-/tmp}"/kvzap_fuzz_*; do
     if [ -e "$d" ] && ! kill -0 "${d##*_}" 2>/dev/null; then rm -rf "$d"; fi
   done
+  local execs eps
   execs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | awk '{s += $2} END {print s + 0}' || true)"
   eps="$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | awk '{s += $2} END {print s + 0}' || true)"
   if [ "${KVZAP_FUZZ_MERGE:-0}" = 1 ] && [ "$rc" = 0 ]; then
-    merged="$B/work/$h.merged"; rm -rf "$merged"; mkdir -p "$merged"
+    local merged="$B/work/$h.merged"; rm -rf "$merged"; mkdir -p "$merged"
     "$bin" -merge=1 -timeout=5 -rss_limit_mb=2560 -malloc_limit_mb=1024 -max_len=65536 "$merged" "$seeds" "$work" \
       >>"$log" 2>&1
     rm -rf "$seeds"; mv "$merged" "$seeds"
   fi
+  local files bytes result=ok
   files="$(find "$seeds" "$work" -type f | wc -l)"
   bytes="$(du -scb "$seeds" "$work" | tail -1 | cut -f1)"
-  result=ok
   if [ "$rc" -ne 0 ]; then
-    result="FAILED (exit $rc)"; failed=$((failed + 1))
+    result="FAILED (exit $rc)"
     grep -E 'ERROR|SUMMARY|Test unit written|deadly|timeout|leak|out-of-memory' "$log" | head -20 || true
   fi
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$h" "$SECONDS_PER" "$execs" "$eps" "$files" "$bytes" "$result" >>"$summary"
-  echo "   $execs execs ($eps/s), result: $result (log: $log)"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$h" "$SECONDS_PER" "$cpu" "$execs" "$eps" "$files" "$bytes" "$result" >>"$summary"
+  echo "   fuzz_$h: $execs execs ($eps/s, ${cpu} CPU s), result: $result (log: $log)"
+  [ "$rc" -eq 0 ]
+}
+
+# KVZAP_FUZZ_PARALLEL=N runs N harnesses at a time (each on one core), so CI's 2 cores fuzz every
+# harness for SECONDS in half the wall-clock time.
+failed=0
+pids=()
+for h in "${harnesses[@]}"; do
+  if [ "$parallel" -le 1 ]; then
+    fuzz_one "$h" || failed=$((failed + 1))
+    continue
+  fi
+  fuzz_one "$h" &
+  pids+=("$!")
+  if [ "${#pids[@]}" -ge "$parallel" ]; then
+    wait "${pids[0]}" || failed=$((failed + 1))
+    pids=("${pids[@]:1}")
+  fi
 done
+for p in "${pids[@]}"; do wait "$p" || failed=$((failed + 1)); done
 column -t -s $'\t' "$summary" 2>/dev/null || cat "$summary"
 if [ "$failed" -ne 0 ]; then echo "$failed harness(es) failed"; exit 1; fi
 echo "all harnesses clean"

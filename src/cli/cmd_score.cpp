@@ -55,7 +55,8 @@ int run_score(const ScoreArgs& a) {
   scorer.score_context(view, scores);
   const auto t2 = std::chrono::steady_clock::now();
 
-  // [layer][head][token]: log score, null for protected entries (template prefix, sinks).
+  // [layer][head][token]: log score, null for protected entries (template prefix, sinks) and for every entry
+  // of a sliding-window layer (not judged: its stream holds only its window).
   nlohmann::json log_scores = nlohmann::json::array();
   for (int l = 0; l < c.n_layer; l++) {
     nlohmann::json heads = nlohmann::json::array();

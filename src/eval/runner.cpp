@@ -429,7 +429,6 @@ SweepResult run_sweep(const EvalSetup& setup, const std::vector<PressOptions>& c
 
   // Check every finished cell before running anything, so a mismatch fails fast.
   std::vector<bool> done(cells.size(), false);
-  int n_done = 0;
   for (size_t c = 0; c < cells.size(); c++) {
     const fs::path dir = fs::path(out_dir) / cell_dir_name(&cells[c]);
     if (!cell_finished(dir.string())) continue;
@@ -439,7 +438,6 @@ SweepResult run_sweep(const EvalSetup& setup, const std::vector<PressOptions>& c
                   " was finished with a different suite (length, samples, seed, tasks or data); "
                   "use another --out folder or delete it");
     done[c] = true;
-    n_done++;
   }
 
   int64_t total = 0, finished_samples = 0;

@@ -1,6 +1,7 @@
 // Shared plumbing of the kvpress baseline scorers (press/baselines.h).
 #include "press/baselines.h"
 
+#include <limits>
 #include <string>
 
 #include "kernels/thread_pool.h"
@@ -23,7 +24,7 @@ int CacheContextScorer::n_threads() const { return pool_ ? pool_->size() : 1; }
 int64_t require_full_context(const KvCache& cache, const char* press) {
   const int64_t T = cache.n_past();
   for (int l = 0; l < cache.n_layer(); l++)
-    for (int h = 0; h < cache.n_head_kv(); h++)
+    for (int h = 0; h < cache.n_head_kv() && judged_layer(cache, l); h++)
       if (cache.length(l, h) != T)
         throw Error(std::string(press) + " scores a whole context: every KV stream must hold all " + std::to_string(T) +
                     " context tokens (layer " + std::to_string(l) + ", head " + std::to_string(h) + " holds " +
@@ -34,7 +35,9 @@ int64_t require_full_context(const KvCache& cache, const char* press) {
 void size_scores(const KvCache& cache, CacheScores& out) {
   out.assign((size_t)cache.n_layer(), std::vector<std::vector<float>>((size_t)cache.n_head_kv()));
   for (int l = 0; l < cache.n_layer(); l++)
-    for (int h = 0; h < cache.n_head_kv(); h++) out[(size_t)l][(size_t)h].resize((size_t)cache.length(l, h));
+    for (int h = 0; h < cache.n_head_kv(); h++)
+      out[(size_t)l][(size_t)h].assign((size_t)cache.length(l, h),
+                                       judged_layer(cache, l) ? 0.0f : std::numeric_limits<float>::infinity());
 }
 
 }  // namespace kvzap

@@ -37,10 +37,13 @@ class CacheContextScorer : public Scorer, public CacheScorer {
   ThreadPool* pool_ = nullptr;
 };
 
-// Every stream must hold the whole context (positions 0..n_past-1): the ratio presses score before
+// The layers a context scorer judges: the global ones. A sliding-window layer (Gemma 3's local layers)
+// holds only its window; the ratio policy leaves it alone and shows the scorer none of its steps.
+inline bool judged_layer(const KvCache& cache, int layer) { return cache.layer_window(layer) == 0; }
+// Every judged stream must hold the whole context (positions 0..n_past-1): the ratio presses score before
 // anything is evicted. Throws kvzap::Error naming `press` otherwise. Returns n_past.
 int64_t require_full_context(const KvCache& cache, const char* press);
-// out[layer][head] sized to the cache's streams (values unset).
+// out[layer][head] sized to the cache's streams: values unset on judged layers, +inf (kept) on the others.
 void size_scores(const KvCache& cache, CacheScores& out);
 
 // SnapKV (kvpress SnapKVPress): the last `window` queries of the context attend (causally, after

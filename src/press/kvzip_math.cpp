@@ -149,7 +149,7 @@ void attention_column_max(const ColumnMaxProblem& p, ThreadPool& pool, ColumnMax
     if (ws.qs[t].size() < (size_t)(kRowBlock * D)) ws.qs[t].resize((size_t)(kRowBlock * D));
     ws.colmax[t].assign((size_t)n_cols, 0.0f);
   }
-  const float scale = 1.0f / std::sqrt((float)D);
+  const float scale = p.logit_scale > 0 ? p.logit_scale : 1.0f / std::sqrt((float)D);
   const int64_t n_rb = (p.n_rows + kRowBlock - 1) / kRowBlock;
   pool.parallel_for(n_rb * p.n_group, [&](int64_t task, int tid) {
     const int64_t rb = task / p.n_group;

@@ -51,6 +51,7 @@ struct ColumnMaxProblem {
   int64_t col0 = 0, n_cols = 0;
   const float* row_scale = nullptr;  // [n_rows] or null (1)
   const float* col_scale = nullptr;  // [n_group][n_cols] or null (1)
+  float logit_scale = 0;             // q.k multiplier: the model's query scale (0 = 1/sqrt(head_dim))
 };
 
 // Scratch reused across calls (grows to the largest problem, then allocation-free).

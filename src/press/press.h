@@ -47,8 +47,13 @@ class Scorer {
   virtual void score_step(const LayerStep& step, const KvCache& cache, float* out) {
     (void)step, (void)cache, (void)out;
   }
-  // Context scorers (KVzip, SnapKV...) score every kept entry once the context is prefilled.
+  // Context scorers (KVzip, SnapKV...) score every kept entry once the context is prefilled. They judge
+  // the global layers only: a sliding-window layer's entries score +inf (kept; its window bounds it) and
+  // the scorer sees none of its steps, unless scores_sliding_layers() says it can judge them.
   virtual void score_context(ContextView& ctx, CacheScores& out) { (void)ctx, (void)out; }
+  // Context scorers only: true if the scorer can judge a sliding-window layer's stream (which holds its
+  // window, not the whole context), so --press-sliding-layers may hand it those layers.
+  virtual bool scores_sliding_layers() const { return false; }
   // Optional: see every step of the context prefill (e.g. to keep the last window's queries).
   virtual void observe_step(const LayerStep& step, const KvCache& cache) { (void)step, (void)cache; }
   virtual void reset() {}

@@ -190,6 +190,9 @@ RatioPress::RatioPress(std::unique_ptr<Scorer> scorer, const PressOptions& opt)
       sliding_layers_(opt.sliding_layers) {
   if (!scorer_) throw Error("internal: the ratio policy needs a scorer");
   if (!(ratio_ >= 0 && ratio_ < 1)) throw Error("the ratio must be in [0, 1), got " + std::to_string(ratio_));
+  if (sliding_layers_ && !scorer_->per_step() && !scorer_->scores_sliding_layers())
+    throw Error(opt.name + " scores the whole context, which a sliding-window layer does not hold: it judges the "
+                "global layers only (turn off sliding_layers / --press-sliding-layers, or use a per-token press such as kvzap-mlp or knorm)");
 }
 
 std::string RatioPress::name() const {
@@ -214,7 +217,8 @@ void RatioPress::start_context() {
 void RatioPress::after_attention(const LayerStep& step, KvCache& cache) {
   if (!in_context_ || step.n_tok <= 0) return;
   if (!scorer_->per_step()) {
-    scorer_->observe_step(step, cache);
+    // A context scorer judges the global layers only (Scorer::score_context).
+    if (sliding_layers_ || cache.layer_window(step.layer) == 0) scorer_->observe_step(step, cache);
     return;
   }
   const int H = cache.n_head_kv();

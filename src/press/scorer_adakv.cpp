@@ -15,6 +15,7 @@ class AdaKvScorer : public Scorer, public CacheScorer, public BudgetSplit {
   explicit AdaKvScorer(std::unique_ptr<Scorer> inner) : inner_(std::move(inner)), cache_inner_(dynamic_cast<CacheScorer*>(inner_.get())) {}
 
   bool per_step() const override { return inner_->per_step(); }
+  bool scores_sliding_layers() const override { return inner_->scores_sliding_layers(); }
   void score_step(const LayerStep& step, const KvCache& cache, float* out) override { inner_->score_step(step, cache, out); }
   void score_context(ContextView& ctx, CacheScores& out) override { inner_->score_context(ctx, out); }
   void observe_step(const LayerStep& step, const KvCache& cache) override { inner_->observe_step(step, cache); }

@@ -25,6 +25,7 @@ class ChunkKvScorer : public SnapKvScorer, public BudgetSplit {
   void mark_evictions(const KvCache& cache, const CacheScores& scores, double ratio, EvictionMask& drop) override {
     const int H = cache.n_head_kv();
     for (int l = 0; l < cache.n_layer(); l++) {
+      if (!judged_layer(cache, l)) continue;
       const int64_t T = cache.length(l, 0);
       for (int h = 1; h < H; h++)
         if (cache.length(l, h) != T) throw Error("internal: chunkkv needs every head of a layer to hold the same slots");

@@ -81,6 +81,7 @@ class CompactorScorer : public CacheContextScorer {
     const size_t row = (size_t)H * D;
     // The last tiles (up to mid_end) from the queries still pending.
     for (int l = 0; l < L; l++) {
+      if (!judged_layer(cache, l)) continue;
       Layer& st = layers_[(size_t)l];
       auto query_row = [&](int64_t p) -> const float* {
         if (p < st.pending_pos0 || p >= st.pending_pos0 + st.n_pending)
@@ -94,6 +95,7 @@ class CompactorScorer : public CacheContextScorer {
     std::vector<float> lev((size_t)(L * Hkv * S)), att((size_t)(L * Hkv * S));
     parallel_for((int64_t)L * Hkv, [&](int64_t task, int) {
       const int l = (int)(task / Hkv), hk = (int)(task % Hkv);
+      if (!judged_layer(cache, l)) return;
       std::vector<float> keys, values, a((size_t)S, 0.0f);
       stream_keys(cache, l, hk, keys);
       stream_values(cache, l, hk, values);
@@ -116,6 +118,7 @@ class CompactorScorer : public CacheContextScorer {
       avg_pool_same(a.data(), S, 3, &att[(size_t)(task * S)]);
     });
     for (int l = 0; l < L; l++) {
+      if (!judged_layer(cache, l)) continue;
       float* lv = &lev[(size_t)l * Hkv * S];
       float* at = &att[(size_t)l * Hkv * S];
       zscore_inplace(lv, Hkv * S);

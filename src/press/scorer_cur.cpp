@@ -32,6 +32,7 @@ class CurScorer : public CacheContextScorer {
     const int Hkv = cache.n_head_kv(), D = cache.head_dim();
     parallel_for((int64_t)cache.n_layer() * Hkv, [&](int64_t task, int) {
       const int l = (int)(task / Hkv), h = (int)(task % Hkv);
+      if (!judged_layer(cache, l)) return;
       std::vector<float> keys, values;
       stream_keys(cache, l, h, keys);
       stream_values(cache, l, h, values);

@@ -74,12 +74,12 @@ class ExpectedAttentionScorer : public CacheContextScorer {
     size_scores(cache, out);
     const int64_t n_sink = std::min<int64_t>(kSinks, T);
     for (int l = 0; l < L; l++)
-      for (int h = 0; h < Hkv; h++)
+      for (int h = 0; h < Hkv && judged_layer(cache, l); h++)
         std::fill(out[(size_t)l][(size_t)h].begin(), out[(size_t)l][(size_t)h].begin() + n_sink,
                   std::numeric_limits<float>::infinity());
     if (T <= kSinks) return;
     for (int l = 0; l < L; l++)
-      if (n_[(size_t)l] != T - kSinks) throw Error("internal: expected_attention did not see the whole context prefill");
+      if (judged_layer(cache, l) && n_[(size_t)l] != T - kSinks) throw Error("internal: expected_attention did not see the whole context prefill");
 
     // Each layer's averaged rotation Rbar as a dense [D][D] matrix (2x2 blocks per frequency; layers
     // differ where their RoPE bases do, as Gemma 3's local and global layers).
@@ -100,6 +100,7 @@ class ExpectedAttentionScorer : public CacheContextScorer {
     const int64_t n = T - kSinks;  // scored keys: slots [kSinks, T)
     parallel_for((int64_t)L * Hkv, [&](int64_t task, int) {
       const int l = (int)(task / Hkv), hk = (int)(task % Hkv);
+      if (!judged_layer(cache, l)) return;
       std::vector<float> keys, values, mu((size_t)D), cov((size_t)D * D), y((size_t)D), logits((size_t)n),
           acc((size_t)n, 0.0f);
       stream_keys(cache, l, hk, keys);

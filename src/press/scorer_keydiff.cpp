@@ -17,6 +17,7 @@ class KeyDiffScorer : public CacheContextScorer {
     const int Hkv = cache.n_head_kv(), D = cache.head_dim();
     parallel_for((int64_t)cache.n_layer() * Hkv, [&](int64_t task, int) {
       const int l = (int)(task / Hkv), h = (int)(task % Hkv);
+      if (!judged_layer(cache, l)) return;
       std::vector<float> keys;
       stream_keys(cache, l, h, keys);
       const int64_t n = cache.length(l, h);

@@ -62,9 +62,15 @@ void KvzipScorer::score_context(ContextView& ctx, CacheScores& out) {
   if ((int64_t)prefix.size() <= n_ctx && std::equal(prefix.begin(), prefix.end(), ids.begin())) start = (int64_t)prefix.size();
   protected_ = std::max<int64_t>(start, std::min<int64_t>(kSinks, n_ctx));
 
+  // Sliding-window layers are not judged (their entries score +inf): the repeat pass cannot reach the
+  // first copy of a token from its second copy through a window, so their KVzip score is undefined.
   out.assign(c.n_layer, std::vector<std::vector<float>>(c.n_head_kv));
   for (int l = 0; l < c.n_layer; l++)
     for (int h = 0; h < c.n_head_kv; h++) {
+      if (cache.layer_window(l) > 0) {
+        out[l][h].assign((size_t)cache.length(l, h), std::numeric_limits<float>::infinity());
+        continue;
+      }
       if (cache.length(l, h) != n_ctx) throw Error("KVzip needs the full context in the cache before scoring");
       out[l][h].assign((size_t)n_ctx, 0.0f);
       for (int64_t i = 0; i < protected_; i++) out[l][h][i] = std::numeric_limits<float>::infinity();
@@ -94,6 +100,7 @@ void KvzipScorer::ChunkObserver::after_attention(const LayerStep& st, KvCache& c
   const ModelConfig& c = sc.model_.config();
   const int D = c.head_dim, H = c.n_head, Hkv = c.n_head_kv, G = c.n_group();
   const int l = st.layer;
+  if (cache.layer_window(l) > 0) return;  // not judged (score_context)
   const int64_t ns = std::min<int64_t>(kSinks, c0);  // sink keys before the chunk
   const int64_t m = c1 - c0;
   const int64_t nk = ns + m + n_in;  // reduced key set: sinks | chunk | own input
@@ -136,6 +143,7 @@ void KvzipScorer::ChunkObserver::after_attention(const LayerStep& st, KvCache& c
     p.n_cols = m;
     p.row_scale = sc.plus_ ? inv_hnorm.data() : nullptr;
     p.col_scale = sc.plus_ ? vnorm.data() : nullptr;
+    p.logit_scale = c.query_scale();  // Gemma's query_pre_attn_scalar where the file sets one
     attention_column_max(p, pool, sc.ws_, scores.data());
     std::vector<float>& dst = out[l][hk];
     for (int64_t i = 0; i < m; i++)

@@ -55,6 +55,7 @@ class LagKvScorer : public CacheContextScorer {
     const int Hkv = cache.n_head_kv(), D = cache.head_dim();
     parallel_for((int64_t)cache.n_layer() * Hkv, [&](int64_t task, int) {
       const int l = (int)(task / Hkv), h = (int)(task % Hkv);
+      if (!judged_layer(cache, l)) return;
       std::vector<float>& s = out[(size_t)l][(size_t)h];
       std::fill(s.begin(), s.end(), 1.0f);
       if (T < kSinks + 2 * kLag) {

@@ -36,7 +36,7 @@ class ObservedAttentionScorer : public CacheContextScorer {
       kt_[(size_t)hk].resize((size_t)(len * D));
       transpose_rows(keys_.data(), D, len, D, kt_[(size_t)hk].data());
     }
-    const float scale = 1.0f / std::sqrt((float)D);
+    const float scale = cfg_.query_scale();  // the model's (Gemma: query_pre_attn_scalar)
     if (probs_.size() < (size_t)n_threads()) probs_.resize((size_t)n_threads());
     parallel_for(H, [&](int64_t hq, int thread) {
       const int hk = (int)hq / G;
@@ -67,7 +67,7 @@ class ObservedAttentionScorer : public CacheContextScorer {
     size_scores(cache, out);
     std::vector<int32_t> pos;
     for (int l = 0; l < L; l++)
-      for (int hk = 0; hk < Hkv; hk++) {
+      for (int hk = 0; hk < Hkv && judged_layer(cache, l); hk++) {
         stream_positions(cache, l, hk, pos);
         std::vector<float>& s = out[(size_t)l][(size_t)hk];
         for (int64_t i = 0; i < T; i++) {

@@ -32,7 +32,7 @@ class PyramidKvScorer : public SnapKvScorer, public BudgetSplit {
   void mark_evictions(const KvCache& cache, const CacheScores& scores, double ratio, EvictionMask& drop) override {
     const int H = cache.n_head_kv();
     for (int l = 0; l < cache.n_layer(); l++)
-      for (int h = 0; h < H; h++) {
+      for (int h = 0; h < H && judged_layer(cache, l); h++) {
         const int64_t T = cache.length(l, h);
         const int64_t keep = pyramid_layer_budget(T, ratio, l, cache.n_layer(), window_);
         mark_lowest_in_stream(scores[(size_t)l][(size_t)h], T - keep, drop[(size_t)l * H + h]);

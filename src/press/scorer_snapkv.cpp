@@ -23,13 +23,14 @@ void SnapKvScorer::score_cache(const KvCache& cache, CacheScores& out) {
   const int L = cfg_.n_layer, Hkv = cfg_.n_head_kv, G = cfg_.n_group(), D = cfg_.head_dim;
   const int64_t q_stride = (int64_t)cfg_.n_head * D;
   for (int l = 0; l < L; l++)
-    if (queries_.size(l) != W || queries_.positions(l)[W - 1] != T - 1)
+    if (judged_layer(cache, l) && (queries_.size(l) != W || queries_.positions(l)[W - 1] != T - 1))
       throw Error("internal: snapkv did not observe the last " + std::to_string(W) + " queries of layer " + std::to_string(l));
   size_scores(cache, out);
   const int64_t m = T - W;  // non-window keys: slots [0, m) (slot = position in a full context)
-  const float scale = 1.0f / std::sqrt((float)D);
+  const float scale = cfg_.query_scale();  // the model's (Gemma: query_pre_attn_scalar)
   parallel_for((int64_t)L * Hkv, [&](int64_t task, int) {
     const int l = (int)(task / Hkv), hk = (int)(task % Hkv);
+    if (!judged_layer(cache, l)) return;
     std::vector<float> keys, kt((size_t)(T * D)), probs((size_t)(W * T)), acc((size_t)m, 0.0f);
     std::vector<int32_t> kpos;
     stream_keys(cache, l, hk, keys);

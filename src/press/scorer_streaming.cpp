@@ -15,6 +15,7 @@ constexpr int32_t kSinkTokens = 4;
 class StreamingScorer : public Scorer {
  public:
   bool per_step() const override { return false; }
+  bool scores_sliding_layers() const override { return true; }  // it reads positions, not slots
   void score_context(ContextView& ctx, CacheScores& out) override {
     const KvCache& cache = ctx.cache;
     out.assign((size_t)cache.n_layer(), std::vector<std::vector<float>>((size_t)cache.n_head_kv()));

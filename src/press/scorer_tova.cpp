@@ -25,11 +25,12 @@ class TovaScorer : public CacheContextScorer {
     size_scores(cache, out);
     if (T == 0) return;
     for (int l = 0; l < L; l++)
-      if (last_.size(l) != 1 || last_.positions(l)[0] != T - 1)
+      if (judged_layer(cache, l) && (last_.size(l) != 1 || last_.positions(l)[0] != T - 1))
         throw Error("internal: tova did not observe the last query of layer " + std::to_string(l));
-    const float scale = 1.0f / std::sqrt((float)D);
+    const float scale = cfg_.query_scale();  // the model's (Gemma: query_pre_attn_scalar)
     parallel_for(L, [&](int64_t li, int) {
       const int l = (int)li;
+      if (!judged_layer(cache, l)) return;
       std::vector<float> keys, kt((size_t)(T * D)), probs((size_t)T), acc((size_t)T, 0.0f);
       for (int hk = 0; hk < Hkv; hk++) {
         stream_keys(cache, l, hk, keys);

@@ -165,6 +165,7 @@ void TargetComputer::Observer::after_attention(const LayerStep& st, KvCache& cac
     pr.n_cols = n_text;
     pr.row_scale = inv_hnorm.data();
     pr.col_scale = vnorm.data();
+    pr.logit_scale = c.query_scale();
     attention_column_max(pr, pool, tc.ws_, colmax.data());
     float* dst = &out.log_scores[(size_t)((l * Hkv + hk) * n_text)];
     for (int64_t i = 0; i < n_text; i++) dst[i] = std::log(std::max(colmax[(size_t)i], 1e-30f));

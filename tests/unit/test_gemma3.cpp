@@ -406,3 +406,67 @@ TEST(Gemma3, PressesLeaveSlidingLayersAloneByDefault) {
 }
 
 }  // namespace
+
+namespace {
+
+// Every context scorer of the registry (KVzip, SnapKV, the other kvpress baselines) runs on a model with
+// sliding-window layers: it judges the global layers, whose streams hold the whole context, and leaves
+// the sliding ones (which hold only their window) alone. Asked to judge sliding layers too, a scorer
+// that needs the whole context refuses with a clear error instead of scoring a window as if it were the
+// context.
+TEST(Gemma3, ContextScorersJudgeTheGlobalLayers) {
+  auto t = load({});
+  const ModelConfig& c = t->model->config();
+  const std::vector<int32_t> toks = tokens(96, 6, c.n_vocab);
+  int n_context_scorers = 0;
+  for (const ScorerEntry& e : scorer_registry()) {
+    if (e.supports_threshold) continue;  // per-token scorers (KVzap, KNorm, random): covered above
+    PressOptions po;
+    po.name = e.name;
+    if (e.make(po, *t->model)->per_step()) continue;
+    n_context_scorers++;
+    SCOPED_TRACE(e.name);
+    EngineOptions eo;
+    eo.n_threads = 2;
+    eo.n_ctx = 256;
+    eo.n_batch = 256;
+    eo.kv_budget_bytes = (int64_t)1 << 28;
+    Engine engine(*t->model, eo);
+    auto seq = engine.new_sequence();
+    po.has_ratio = true;
+    po.ratio = 0.5;
+    seq->set_press(make_press(po, *t->model));
+    seq->begin_context();
+    engine.feed(*seq, toks.data(), (int64_t)toks.size());
+    const KvCache& cache = seq->cache();
+    std::vector<int64_t> before;
+    for (int l = 0; l < c.n_layer; l++) before.push_back(cache.length(l, 0));
+    ASSERT_NO_THROW(seq->end_context(toks));
+    int64_t global_before = 0, global_after = 0;
+    for (int l = 0; l < c.n_layer; l++) {
+      if (c.layers[l].is_sliding()) {
+        EXPECT_EQ(cache.length(l, 0), before[l]) << "sliding layer " << l;
+      } else {
+        global_before += before[l];
+        global_after += cache.length(l, 0);
+      }
+    }
+    EXPECT_LT(global_after, global_before);
+    EXPECT_GE(global_after, global_before / 4);
+
+    po.sliding_layers = true;
+    if (e.name == "streaming_llm") {  // it ranks by position, which a window stream has too
+      EXPECT_NO_THROW(make_press(po, *t->model));
+    } else {
+      try {
+        make_press(po, *t->model);
+        ADD_FAILURE() << "judging sliding-window layers was not refused";
+      } catch (const Error& err) {
+        EXPECT_NE(std::string(err.what()).find("sliding"), std::string::npos) << err.what();
+      }
+    }
+  }
+  EXPECT_GE(n_context_scorers, 15);
+}
+
+}  // namespace

@@ -107,7 +107,8 @@ TEST(KvzipMath, FastExpIsAccurate) {
   for (float u : under) EXPECT_EQ(u, 0.0f);
 }
 
-TEST(KvzipMath, ColumnMaxMatchesNaiveDouble) {
+// logit_scale 0 = 1/sqrt(D); an explicit one stands for Gemma's query_pre_attn_scalar (1/sqrt(168) on 27B).
+void check_column_max(float logit_scale) {
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::uniform_real_distribution<float> ud(0.5f, 2.0f);
@@ -134,6 +135,8 @@ TEST(KvzipMath, ColumnMaxMatchesNaiveDouble) {
   p.n_cols = n_cols;
   p.row_scale = rs.data();
   p.col_scale = cs.data();
+  p.logit_scale = logit_scale;
+  const double scale = logit_scale > 0 ? (double)logit_scale : 1.0 / std::sqrt((double)D);
   std::vector<double> ref((size_t)n_cols, 0.0);
   for (int g = 0; g < G; g++)
     for (int j = 0; j < n_rows; j++) {
@@ -143,7 +146,7 @@ TEST(KvzipMath, ColumnMaxMatchesNaiveDouble) {
       for (int64_t i = 0; i < vis; i++) {
         double d = 0;
         for (int a = 0; a < D; a++) d += (double)q[((size_t)j * G + g) * D + a] * k[(size_t)i * D + a];
-        l[(size_t)i] = d / std::sqrt((double)D);
+        l[(size_t)i] = d * scale;
         mx = std::max(mx, l[(size_t)i]);
       }
       for (double v : l) sum += std::exp(v - mx);
@@ -160,6 +163,17 @@ TEST(KvzipMath, ColumnMaxMatchesNaiveDouble) {
     EXPECT_EQ(out1[(size_t)c], out2[(size_t)c]) << "thread count changed column " << c;
   }
   EXPECT_GT(ref[(size_t)(n_cols - 1)], 0.0);  // the test reaches the causal edge
+}
+
+TEST(KvzipMath, ColumnMaxMatchesNaiveDouble) {
+  {
+    SCOPED_TRACE("default scale");
+    check_column_max(0.0f);
+  }
+  {
+    SCOPED_TRACE("model's query scale");
+    check_column_max(0.3f);
+  }
 }
 
 TEST(KvzipMath, NpyHeaderIsWellFormed) {
