@@ -366,18 +366,35 @@ TEST(Gemma3, WindowedAttentionKernelMatchesReference) {
   EXPECT_GT(max_diff(&out[(size_t)(R - 1) * D], &out2[(size_t)(R - 1) * D], D), 1e-3f);
 }
 
+// An engine for one short sequence: 256-token context and batch, a KV budget that never binds.
+EngineOptions small_engine(int threads) {
+  EngineOptions eo;
+  eo.n_threads = threads;
+  eo.n_ctx = 256;
+  eo.n_batch = 256;
+  eo.kv_budget_bytes = (int64_t)1 << 28;
+  return eo;
+}
+
+// Prefills `toks` as a context under `press`; returns each layer's stream length before the press acts
+// (end_context, left to the caller).
+std::vector<int64_t> prefill_under_press(Engine& engine, Sequence& seq, std::unique_ptr<Press> press,
+                                         const std::vector<int32_t>& toks) {
+  seq.set_press(std::move(press));
+  seq.begin_context();
+  engine.feed(seq, toks.data(), (int64_t)toks.size());
+  std::vector<int64_t> lengths;
+  for (int l = 0; l < seq.cache().n_layer(); l++) lengths.push_back(seq.cache().length(l, 0));
+  return lengths;
+}
+
 // Presses prune the global layers; sliding-window layers only when asked.
 TEST(Gemma3, PressesLeaveSlidingLayersAloneByDefault) {
   auto t = load({});
   const ModelConfig& c = t->model->config();
   const std::vector<int32_t> toks = tokens(96, 4, c.n_vocab);
   for (bool sliding : {false, true}) {
-    EngineOptions eo;
-    eo.n_threads = 1;
-    eo.n_ctx = 256;
-    eo.n_batch = 256;
-    eo.kv_budget_bytes = (int64_t)1 << 28;
-    Engine engine(*t->model, eo);
+    Engine engine(*t->model, small_engine(1));
     auto seq = engine.new_sequence();
     PressOptions po;
     po.name = "knorm";
@@ -385,12 +402,8 @@ TEST(Gemma3, PressesLeaveSlidingLayersAloneByDefault) {
     po.ratio = 0.5;
     po.ratio_scope = "layer";
     po.sliding_layers = sliding;
-    seq->set_press(make_press(po, *t->model));
-    seq->begin_context();
-    engine.feed(*seq, toks.data(), (int64_t)toks.size());
+    const std::vector<int64_t> before = prefill_under_press(engine, *seq, make_press(po, *t->model), toks);
     const KvCache& cache = seq->cache();
-    std::vector<int64_t> before;
-    for (int l = 0; l < c.n_layer; l++) before.push_back(cache.length(l, 0));
     seq->end_context(toks);
     for (int l = 0; l < c.n_layer; l++) {
       const int64_t len = cache.length(l, 0);
@@ -426,21 +439,12 @@ TEST(Gemma3, ContextScorersJudgeTheGlobalLayers) {
     if (e.make(po, *t->model)->per_step()) continue;
     n_context_scorers++;
     SCOPED_TRACE(e.name);
-    EngineOptions eo;
-    eo.n_threads = 2;
-    eo.n_ctx = 256;
-    eo.n_batch = 256;
-    eo.kv_budget_bytes = (int64_t)1 << 28;
-    Engine engine(*t->model, eo);
+    Engine engine(*t->model, small_engine(2));
     auto seq = engine.new_sequence();
     po.has_ratio = true;
     po.ratio = 0.5;
-    seq->set_press(make_press(po, *t->model));
-    seq->begin_context();
-    engine.feed(*seq, toks.data(), (int64_t)toks.size());
+    const std::vector<int64_t> before = prefill_under_press(engine, *seq, make_press(po, *t->model), toks);
     const KvCache& cache = seq->cache();
-    std::vector<int64_t> before;
-    for (int l = 0; l < c.n_layer; l++) before.push_back(cache.length(l, 0));
     ASSERT_NO_THROW(seq->end_context(toks));
     int64_t global_before = 0, global_after = 0;
     for (int l = 0; l < c.n_layer; l++) {
