@@ -37,9 +37,6 @@ class CacheContextScorer : public Scorer, public CacheScorer {
   ThreadPool* pool_ = nullptr;
 };
 
-// The layers a context scorer judges: the global ones. A sliding-window layer (Gemma 3's local layers)
-// holds only its window; the ratio policy leaves it alone and shows the scorer none of its steps.
-inline bool judged_layer(const KvCache& cache, int layer) { return cache.layer_window(layer) == 0; }
 // Every judged stream must hold the whole context (positions 0..n_past-1): the ratio presses score before
 // anything is evicted. Throws kvzap::Error naming `press` otherwise. Returns n_past.
 int64_t require_full_context(const KvCache& cache, const char* press);

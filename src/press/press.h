@@ -64,6 +64,10 @@ class Scorer {
   virtual void h_readout(int layer, const float* h, int64_t n, float* out) const { (void)layer, (void)h, (void)n, (void)out; }
 };
 
+// The layers a context scorer judges: the global ones. A sliding-window layer (Gemma 3's local layers)
+// holds only its window; the ratio policy leaves it alone and shows the scorer none of its steps.
+inline bool judged_layer(const KvCache& cache, int layer) { return cache.layer_window(layer) == 0; }
+
 struct PressOptions {
   std::string name;
   // Exactly one of threshold / ratio selects the policy.

@@ -218,7 +218,7 @@ void RatioPress::after_attention(const LayerStep& step, KvCache& cache) {
   if (!in_context_ || step.n_tok <= 0) return;
   if (!scorer_->per_step()) {
     // A context scorer judges the global layers only (Scorer::score_context).
-    if (sliding_layers_ || cache.layer_window(step.layer) == 0) scorer_->observe_step(step, cache);
+    if (sliding_layers_ || judged_layer(cache, step.layer)) scorer_->observe_step(step, cache);
     return;
   }
   const int H = cache.n_head_kv();

@@ -67,7 +67,7 @@ void KvzipScorer::score_context(ContextView& ctx, CacheScores& out) {
   out.assign(c.n_layer, std::vector<std::vector<float>>(c.n_head_kv));
   for (int l = 0; l < c.n_layer; l++)
     for (int h = 0; h < c.n_head_kv; h++) {
-      if (cache.layer_window(l) > 0) {
+      if (!judged_layer(cache, l)) {
         out[l][h].assign((size_t)cache.length(l, h), std::numeric_limits<float>::infinity());
         continue;
       }
@@ -100,7 +100,7 @@ void KvzipScorer::ChunkObserver::after_attention(const LayerStep& st, KvCache& c
   const ModelConfig& c = sc.model_.config();
   const int D = c.head_dim, H = c.n_head, Hkv = c.n_head_kv, G = c.n_group();
   const int l = st.layer;
-  if (cache.layer_window(l) > 0) return;  // not judged (score_context)
+  if (!judged_layer(cache, l)) return;  // see score_context
   const int64_t ns = std::min<int64_t>(kSinks, c0);  // sink keys before the chunk
   const int64_t m = c1 - c0;
   const int64_t nk = ns + m + n_in;  // reduced key set: sinks | chunk | own input
