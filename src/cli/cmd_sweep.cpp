@@ -19,7 +19,7 @@ struct SweepArgs {
   int64_t length = 0, samples = 20, first_index = 0;
   uint64_t seed = 42, press_seed = 42;
   int window = 128;
-  bool decoding = false, no_baseline = false, dry_run = false, quiet = false;
+  bool decoding = false, no_baseline = false, dry_run = false, quiet = false, prefill_per_cell = false;
   std::string shard;  // "i/n"
 };
 
@@ -69,6 +69,7 @@ int run_sweep(SweepArgs a) {
 
   eval::RunOptions run;
   run.quiet = a.quiet;
+  run.share_prefill = !a.prefill_per_cell;
   const eval::SweepResult r = eval::run_sweep(setup, cells, a.out, run, shard_index, shard_count);
   if (shard_count > 1)
     std::fprintf(stderr, "shard %d/%d done; merge the shard folders with `kvzap report SHARD_DIRS... --out DIR`\n",
@@ -110,8 +111,11 @@ RegisterCommand reg("sweep", "run the suite over a grid of presses and settings 
   sub.add_option("--surrogate", a->surrogate, "KVzap surrogate folder (for a sweep with one kvzap press)");
   sub.add_option("--press-seed", a->press_seed, "seed of the random press");
   sub.add_flag("--no-baseline", a->no_baseline, "skip the full-cache cell");
-  sub.add_option("--shard", a->shard, "run a deterministic 1/n of the cells x samples: i/n (0 <= i < n); "
-                                      "`kvzap report` merges the shard folders");
+  sub.add_option("--shard", a->shard, "run a deterministic 1/n of the grid, every cell on 1/n of the contexts: i/n "
+                                      "(0 <= i < n); `kvzap report` merges the shard folders");
+  sub.add_flag("--prefill-per-cell", a->prefill_per_cell,
+               "run the cells one after the other, each prefilling every context (default: each context is "
+               "prefilled once and replayed under every cell's press; the same results, faster)");
   sub.add_flag("--dry-run", a->dry_run, "list the cells and whether they are done, run nothing");
   sub.add_flag("-q,--quiet", a->quiet, "no progress on stderr");
   return [a]() { return run_sweep(*a); };

@@ -27,6 +27,7 @@ namespace fs = std::filesystem;
 struct TrainArgs {
   std::string data, test, out, kind = "both";
   int epochs = 15, batch = 512, hidden = 0, threads = 0;
+  int64_t max_pairs = 0;  // 0 = all
   double lr = 5e-3, alpha = 1.0, valid_fraction = 0.05;
   uint64_t seed = 0;
 };
@@ -74,7 +75,15 @@ Trained finish_model(const std::string& kind, const Surrogate& s, const Dataset&
 }
 
 int run_train(const TrainArgs& a) {
-  const Dataset train = Dataset::open(a.data);
+  Dataset train = Dataset::open(a.data);
+  // collect writes whole windows in window order, so a prefix is the dataset of a shorter collection
+  // (rounded down to whole windows here).
+  if (a.max_pairs > 0 && a.max_pairs < train.size()) {
+    int64_t n = a.max_pairs;
+    while (n > 0 && n < train.size() && train.group(n) == train.group(n - 1)) n--;
+    if (n == 0) throw Error("--max-pairs " + std::to_string(a.max_pairs) + " is less than the first window of " + a.data);
+    train.limit(n);
+  }
   const Dataset test = Dataset::open(a.test);
   if (!(train.shape().n_layers == test.shape().n_layers && train.shape().d_model == test.shape().d_model &&
         train.shape().n_heads == test.shape().n_heads))
@@ -89,6 +98,7 @@ int run_train(const TrainArgs& a) {
 
   std::vector<Trained> done;
   nlohmann::json options = {{"data", a.data}, {"test", a.test}, {"n_train", train.size()}, {"n_test", test.size()}};
+  if (a.max_pairs > 0) options["max_pairs"] = a.max_pairs;
   if (a.kind == "linear" || a.kind == "both") {
     const auto t0 = std::chrono::steady_clock::now();
     Progress bar("train linear (ridge)", train.size(), "rec");
@@ -171,6 +181,9 @@ RegisterCommand reg("train", "train KVzap surrogates (linear ridge and/or MLP) o
   sub.add_option("--data", a->data, "training dataset (.kvzd from kvzap collect)")->required();
   sub.add_option("--test", a->test, "held-out dataset (.kvzd) for the R² report")->required();
   sub.add_option("--out", a->out, "output folder (gets linear/, mlp/, report.json, report.md)")->required();
+  sub.add_option("--max-pairs", a->max_pairs,
+                 "train on the first N pairs of --data only (whole windows: rounded down to a window boundary)")
+      ->check(CLI::Range((int64_t)1, (int64_t)1 << 40));
   sub.add_option("--kind", a->kind, "linear, mlp or both")->check(CLI::IsMember({"linear", "mlp", "both"}));
   sub.add_option("--alpha", a->alpha, "ridge regularisation (sklearn Ridge alpha)")->check(CLI::Range(0.0, 1e12));
   sub.add_option("--epochs", a->epochs, "MLP epochs")->check(CLI::Range(1, 100000));

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "engine/context_recording.h"
+
 namespace kvzap {
 
 int64_t parse_byte_size(const std::string& text) {
@@ -142,6 +144,27 @@ void Engine::feed(Sequence& seq, const int32_t* tokens, int64_t n, LogitsMode mo
                              " more needed (raise --kv-budget)");
     done += m;
   }
+}
+
+void Engine::prefill_recorded(Sequence& seq, const std::vector<int32_t>& ids, ContextRecording& rec) {
+  if (seq.press_ || seq.n_past() != 0) throw Error("internal: a recorded prefill needs an empty sequence without a press");
+  rec.clear();
+  seq.begin_context();
+  seq.observer_ = &rec;
+  feed(seq, ids.data(), (int64_t)ids.size(), LogitsMode::Last);
+  seq.end_context(ids);
+  rec.logits() = seq.logits_;
+}
+
+void Engine::replay(Sequence& seq, const ContextRecording& rec) {
+  if (!seq.in_context_ || seq.n_past() != 0) throw Error("internal: replay into a sequence that has not begun a context");
+  for (const RecordedStep& st : rec.steps()) {
+    if (seq.cache_.pages_needed(st.n_tok) > pages_->pages_available())
+      throw KvBudgetExceeded("KV memory budget exhausted: " + std::to_string(pages_->bytes_in_use()) + " of " +
+                             std::to_string(pages_->budget_bytes()) + " bytes in use (raise --kv-budget)");
+    forward_->replay_step(st, seq.cache_, seq.observer_);
+  }
+  seq.logits_ = rec.logits();
 }
 
 void Engine::run_on_scratch_fork(const KvCache& cache, const int32_t* tokens, int64_t n, LayerObserver& obs) {

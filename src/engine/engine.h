@@ -28,6 +28,7 @@
 namespace kvzap {
 
 class Sequence;
+class ContextRecording;
 
 struct EngineOptions {
   int n_threads = 0;            // 0 = physical cores
@@ -109,6 +110,13 @@ class Engine : public ContextRunner {
   // KvBudgetExceeded when the pool cannot hold them (the tokens fed before stay fed).
   void feed(Sequence& seq, const int32_t* tokens, int64_t n, LogitsMode mode = LogitsMode::Last,
             float* all_logits = nullptr);
+
+  // Shared-prefill evaluation (engine/context_recording.h). prefill_recorded: feeds a context into `seq`
+  // (empty, no press) and records every layer step and the final logits into `rec`. replay: puts the
+  // recorded context into `seq` (empty, after begin_context(), so its press watches) as feeding it would;
+  // throws KvBudgetExceeded when its pages do not fit the budget (nothing replayed past that step).
+  void prefill_recorded(Sequence& seq, const std::vector<int32_t>& ids, ContextRecording& rec);
+  void replay(Sequence& seq, const ContextRecording& rec);
 
   // ContextRunner: scratch forward passes for context scorers (KVzip's repeat pass).
   int64_t max_step_tokens() const override { return n_batch_; }

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "engine/context_recording.h"
 #include "eval/rng.h"
 #include "kvzap/error.h"
 #include "model/model.h"
@@ -113,7 +114,10 @@ nlohmann::json outcome_to_json(const SampleOutcome& o) {
           {"context_reused", o.context_reused},
           {"depths", o.depths},
           {"timings",
-           {{"context_s", o.context_seconds}, {"question_s", o.question_seconds}, {"decode_s", o.decode_seconds}}}};
+           {{"context_s", o.context_seconds},
+            {"question_s", o.question_seconds},
+            {"decode_s", o.decode_seconds},
+            {"shared_prefill_s", o.shared_prefill_seconds}}}};
 }
 
 SampleOutcome outcome_from_json(const nlohmann::json& j) {
@@ -141,6 +145,7 @@ SampleOutcome outcome_from_json(const nlohmann::json& j) {
       o.context_seconds = t.value("context_s", 0.0);
       o.question_seconds = t.value("question_s", 0.0);
       o.decode_seconds = t.value("decode_s", 0.0);
+      o.shared_prefill_seconds = t.value("shared_prefill_s", 0.0);
     }
   } catch (const nlohmann::json::exception& e) {
     throw Error("sample outcome: " + std::string(e.what()));
@@ -151,19 +156,74 @@ SampleOutcome outcome_from_json(const nlohmann::json& j) {
 // ----------------------------------------------------------------------------------------------
 // Running samples.
 
+namespace {
+
+// Groups of sample indices sharing a context, in order of first appearance.
+std::vector<std::vector<size_t>> context_groups(const std::vector<Sample>& samples) {
+  std::vector<std::vector<size_t>> groups;
+  std::unordered_map<std::string_view, size_t> group_of;
+  for (size_t i = 0; i < samples.size(); i++) {
+    auto [it, fresh] = group_of.emplace(samples[i].context, groups.size());
+    if (fresh) groups.emplace_back();
+    groups[it->second].push_back(i);
+  }
+  return groups;
+}
+
+// The tokens of a context group's questions; throws kvzap::Error when a sample does not fit n_ctx.
+std::vector<std::vector<int32_t>> group_questions(const PromptBuilder& prompts, const std::vector<Sample>& samples,
+                                                  const std::vector<size_t>& group, int64_t context_tokens,
+                                                  int64_t n_ctx) {
+  std::vector<std::vector<int32_t>> questions;
+  for (size_t i : group) {
+    const Sample& s = samples[i];
+    questions.push_back(prompts.question_ids(s.question, s.answer_prefix));
+    const int64_t need = context_tokens + (int64_t)questions.back().size() + s.max_new_tokens;
+    if (need > n_ctx)
+      throw Error("sample " + s.task + "#" + std::to_string(s.meta.index) + " needs " + std::to_string(need) +
+                  " tokens (context, question, answer), more than the context size of " + std::to_string(n_ctx) +
+                  " (raise -c)");
+  }
+  return questions;
+}
+
+// Answers one sample greedily on its own copy-on-write fork of the compressed context (pruning while
+// answering one question, a decoding press, cannot change what the next one sees). The caller fills in
+// the timings of the context and whether it was reused.
+SampleOutcome answer_on_fork(const Sequence& compressed, const Sample& s, const std::vector<int32_t>& question,
+                             const Tokenizer& tok, int64_t context_tokens) {
+  std::unique_ptr<Sequence> fork = compressed.fork();
+  GenerateOptions g;
+  g.max_new_tokens = s.max_new_tokens;
+  g.sampling.temperature = 0;  // greedy, as kvpress
+  const GenerateResult r = Session::generate_on(*fork, question, g);
+  SampleOutcome o;
+  o.task = s.task;
+  o.index = s.meta.index;
+  o.prediction = tok.decode(r.tokens, /*skip_special=*/true);
+  o.answers = s.answers;
+  o.score = score_sample(s.metric, o.prediction, s.answers);
+  o.evicted_fraction = compressed.cache().evicted_fraction();
+  o.kv_bytes = compressed.cache().bytes_resident();
+  o.kv_bytes_full = compressed.cache().bytes_full();
+  o.evicted_fraction_end = fork->cache().evicted_fraction();
+  o.kv_bytes_end = fork->cache().bytes_resident();
+  o.kv_bytes_full_end = fork->cache().bytes_full();
+  o.context_tokens = context_tokens;
+  o.question_tokens = (int64_t)question.size();
+  o.generated_tokens = (int64_t)r.tokens.size();
+  o.stop_reason = r.stop_reason;
+  o.question_seconds = r.prefill_seconds;
+  o.decode_seconds = r.decode_seconds;
+  o.depths = s.meta.depths;
+  return o;
+}
+
+}  // namespace
+
+
 std::vector<SampleOutcome> run_samples(Session& session, Press* press, const PromptBuilder& prompts,
                                        const std::vector<Sample>& samples, const RunOptions& opt) {
-  // Groups of samples sharing a context, in order of first appearance.
-  std::vector<std::vector<size_t>> groups;
-  {
-    std::unordered_map<std::string_view, size_t> group_of;
-    for (size_t i = 0; i < samples.size(); i++) {
-      auto [it, fresh] = group_of.emplace(samples[i].context, groups.size());
-      if (fresh) groups.emplace_back();
-      groups[it->second].push_back(i);
-    }
-  }
-
   std::unique_ptr<Progress> own;
   Progress* progress = opt.progress;
   if (!progress) {
@@ -173,56 +233,19 @@ std::vector<SampleOutcome> run_samples(Session& session, Press* press, const Pro
 
   const Tokenizer& tok = session.model().tokenizer();
   std::vector<SampleOutcome> out(samples.size());
-  for (const auto& group : groups) {
+  for (const auto& group : context_groups(samples)) {
     const std::vector<int32_t> ctx = prompts.context_ids(samples[group.front()].context);
-    std::vector<std::vector<int32_t>> questions;
-    for (size_t i : group) {
-      const Sample& s = samples[i];
-      questions.push_back(prompts.question_ids(s.question, s.answer_prefix));
-      const int64_t need = (int64_t)ctx.size() + (int64_t)questions.back().size() + s.max_new_tokens;
-      if (need > session.n_ctx())
-        throw Error("sample " + s.task + "#" + std::to_string(s.meta.index) + " needs " + std::to_string(need) +
-                    " tokens (context, question, answer), more than the context size of " +
-                    std::to_string(session.n_ctx()) + " (raise -c)");
-    }
+    const auto questions = group_questions(prompts, samples, group, (int64_t)ctx.size(), session.n_ctx());
 
     const auto t0 = std::chrono::steady_clock::now();
     session.prefill_context(ctx, press);
     const double context_seconds = seconds_since(t0);
-    const double evicted = session.cache().evicted_fraction();
-    const int64_t kv_bytes = session.cache().bytes_resident(), kv_full = session.cache().bytes_full();
 
     for (size_t k = 0; k < group.size(); k++) {
-      const Sample& s = samples[group[k]];
-      // Each question on its own copy-on-write fork of the compressed context: pruning while answering
-      // one (a decoding press) cannot change what the next one sees.
-      std::unique_ptr<Sequence> fork = session.sequence().fork();
-      GenerateOptions g;
-      g.max_new_tokens = s.max_new_tokens;
-      g.sampling.temperature = 0;  // greedy, as kvpress
-      const GenerateResult r = Session::generate_on(*fork, questions[k], g);
-
       SampleOutcome& o = out[group[k]];
-      o.task = s.task;
-      o.index = s.meta.index;
-      o.prediction = tok.decode(r.tokens, /*skip_special=*/true);
-      o.answers = s.answers;
-      o.score = score_sample(s.metric, o.prediction, s.answers);
-      o.evicted_fraction = evicted;
-      o.kv_bytes = kv_bytes;
-      o.kv_bytes_full = kv_full;
-      o.evicted_fraction_end = fork->cache().evicted_fraction();
-      o.kv_bytes_end = fork->cache().bytes_resident();
-      o.kv_bytes_full_end = fork->cache().bytes_full();
-      o.context_tokens = (int64_t)ctx.size();
-      o.question_tokens = (int64_t)questions[k].size();
-      o.generated_tokens = (int64_t)r.tokens.size();
-      o.stop_reason = r.stop_reason;
+      o = answer_on_fork(session.sequence(), samples[group[k]], questions[k], tok, (int64_t)ctx.size());
       o.context_reused = k > 0;
       o.context_seconds = k == 0 ? context_seconds : 0.0;
-      o.question_seconds = r.prefill_seconds;
-      o.decode_seconds = r.decode_seconds;
-      o.depths = s.meta.depths;
       if (opt.on_sample) opt.on_sample(o);
       progress->add(1, (opt.progress ? opt.label + " " : "") + short_status(o));
     }
@@ -266,35 +289,18 @@ bool cell_finished(const std::string& cell_dir) {
   return fs::exists(fs::path(cell_dir) / "summary.json", ec);
 }
 
-CellResult run_cell(const EvalSetup& setup, const PressOptions* press_opt, const std::string& out_dir,
-                    const RunOptions& opt) {
-  const PressOptions* p = press_opt && !press_opt->name.empty() ? press_opt : nullptr;
-  std::unique_ptr<Press> press = p ? make_press(*p, setup.model) : nullptr;
+namespace {
 
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec) throw Error(out_dir + ": cannot create folder: " + ec.message());
-  const fs::path dir(out_dir);
-  fs::remove(dir / "summary.json", ec);  // a rerun is unfinished until it ends
-
-  const std::string samples_path = (dir / "samples.jsonl").string();
-  std::ofstream samples_out(samples_path, std::ios::binary | std::ios::trunc);
-  if (!samples_out) throw Error(samples_path + ": cannot open for writing");
-
-  RunOptions run = opt;
-  run.on_sample = [&](const SampleOutcome& o) {
-    samples_out << dump(outcome_to_json(o)) << '\n';
-    samples_out.flush();
-    if (opt.on_sample) opt.on_sample(o);
-  };
-  const auto t0 = std::chrono::steady_clock::now();
+// Writes a cell's tasks.csv, tasks.json and, last, summary.json from its outcomes (in the order of its
+// samples). shared_prefill: the outcomes came from a sweep that prefilled each context once for all
+// cells (their context_s is this press's replay and compression only).
+CellResult finish_cell(const EvalSetup& setup, const PressOptions* p, const fs::path& dir,
+                       std::vector<SampleOutcome> outcomes, double wall, bool shared_prefill) {
   CellResult cell;
-  cell.outcomes = run_samples(setup.session, press.get(), setup.prompts, setup.samples, run);
-  const double wall = seconds_since(t0);
-  samples_out.close();
-
+  cell.outcomes = std::move(outcomes);
   std::vector<SampleResult> results;
-  double kv_bytes = 0, kv_full = 0, ctx_tokens = 0, ctx_s = 0, q_s = 0, dec_s = 0, gen = 0, evicted_end = 0;
+  double kv_bytes = 0, kv_full = 0, ctx_tokens = 0, ctx_s = 0, q_s = 0, dec_s = 0, gen = 0, evicted_end = 0,
+         prefill_s = 0;
   for (const SampleOutcome& o : cell.outcomes) {
     results.push_back({o.task, o.score, o.evicted_fraction});
     kv_bytes += (double)o.kv_bytes;
@@ -303,6 +309,7 @@ CellResult run_cell(const EvalSetup& setup, const PressOptions* press_opt, const
     ctx_s += o.context_seconds;
     q_s += o.question_seconds;
     dec_s += o.decode_seconds;
+    prefill_s += o.shared_prefill_seconds;
     gen += (double)o.generated_tokens;
     evicted_end += o.evicted_fraction_end;
   }
@@ -343,10 +350,44 @@ CellResult run_cell(const EvalSetup& setup, const PressOptions* press_opt, const
   s["context_tokens_mean"] = ctx_tokens / n;
   s["generated_tokens_mean"] = gen / n;
   s["threads"] = setup.session.n_threads();
+  // wall_s: this cell's own time. With a shared prefill, shared_prefill_s is the time of the prefills it
+  // used, which every cell that shared them counts too.
+  s["prefill"] = shared_prefill ? "shared" : "per_cell";
   s["timings"] = {{"wall_s", wall}, {"context_s", ctx_s}, {"question_s", q_s}, {"decode_s", dec_s}};
+  if (shared_prefill) s["timings"]["shared_prefill_s"] = prefill_s;
   s["tasks"] = tasks;
   write_file_atomically((dir / "summary.json").string(), dump(s, 2) + "\n");
   return cell;
+}
+
+}  // namespace
+
+CellResult run_cell(const EvalSetup& setup, const PressOptions* press_opt, const std::string& out_dir,
+                    const RunOptions& opt) {
+  const PressOptions* p = press_opt && !press_opt->name.empty() ? press_opt : nullptr;
+  std::unique_ptr<Press> press = p ? make_press(*p, setup.model) : nullptr;
+
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) throw Error(out_dir + ": cannot create folder: " + ec.message());
+  const fs::path dir(out_dir);
+  fs::remove(dir / "summary.json", ec);  // a rerun is unfinished until it ends
+
+  const std::string samples_path = (dir / "samples.jsonl").string();
+  std::ofstream samples_out(samples_path, std::ios::binary | std::ios::trunc);
+  if (!samples_out) throw Error(samples_path + ": cannot open for writing");
+
+  RunOptions run = opt;
+  run.on_sample = [&](const SampleOutcome& o) {
+    samples_out << dump(outcome_to_json(o)) << '\n';
+    samples_out.flush();
+    if (opt.on_sample) opt.on_sample(o);
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<SampleOutcome> outcomes = run_samples(setup.session, press.get(), setup.prompts, setup.samples, run);
+  const double wall = seconds_since(t0);
+  samples_out.close();
+  return finish_cell(setup, p, dir, std::move(outcomes), wall, /*shared_prefill=*/false);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -402,6 +443,76 @@ std::vector<PressOptions> plan_sweep(const std::vector<std::string>& presses, co
   return cells;
 }
 
+namespace {
+
+// One unfinished cell of a shared-prefill sweep.
+struct SharedCell {
+  size_t index = 0;                 // in the grid
+  const PressOptions* press_opt = nullptr;
+  fs::path dir;
+  std::unique_ptr<Press> press;
+  std::vector<size_t> samples;      // its samples (indices into setup.samples), in order
+  std::vector<int64_t> slot_of;     // [setup.samples] position in `samples`, -1 = not this cell's
+  std::vector<SampleOutcome> outcomes;  // [samples]
+  std::vector<bool> have;               // [samples]
+  int64_t missing = 0;
+  double wall = 0;
+  std::ofstream out;
+};
+
+// Reads the outcomes an interrupted run left in the cell's samples.jsonl (those of its samples, whose
+// answers match; a torn last line is dropped), rewrites the file with just them, and opens it for
+// appending. The cell's cell.json must name this suite, else the file is not trusted: a different
+// suite throws, no cell.json (a cell-by-cell run's leftovers) starts the cell afresh.
+void resume_cell(SharedCell& cell, const EvalSetup& setup) {
+  std::error_code ec;
+  fs::create_directories(cell.dir, ec);
+  if (ec) throw Error(cell.dir.string() + ": cannot create folder: " + ec.message());
+  const fs::path marker = cell.dir / "cell.json", samples_path = cell.dir / "samples.jsonl";
+  std::string kept;
+  if (fs::exists(marker, ec) && fs::exists(samples_path, ec)) {
+    const nlohmann::json m = read_json_file(marker.string());
+    if (!m.contains("suite") || m["suite"] != setup.suite)
+      throw Error(cell.dir.string() + " holds samples of a different suite; use another --out folder or delete it");
+    std::ifstream in(samples_path, std::ios::binary);
+    std::stringstream buf;
+    buf << in.rdbuf();
+    const std::string text = buf.str();
+    size_t at = 0;
+    while (at < text.size()) {
+      const size_t nl = text.find('\n', at);
+      if (nl == std::string::npos) break;  // a torn last line: its sample runs again
+      const std::string line = text.substr(at, nl - at);
+      at = nl + 1;
+      if (line.empty()) continue;
+      SampleOutcome o;
+      try {
+        o = outcome_from_json(nlohmann::json::parse(line));
+      } catch (const std::exception& e) {
+        throw Error(samples_path.string() + ": unreadable line (" + e.what() + "); delete the cell's folder to rerun it");
+      }
+      for (size_t k = 0; k < cell.samples.size(); k++) {
+        const Sample& smp = setup.samples[cell.samples[k]];
+        if (cell.have[k] || smp.task != o.task || smp.meta.index != o.index) continue;
+        if (smp.answers != o.answers)
+          throw Error(samples_path.string() + ": sample " + o.task + "#" + std::to_string(o.index) +
+                      " has other answers than the suite's; delete the cell's folder to rerun it");
+        cell.outcomes[k] = o;
+        cell.have[k] = true;
+        cell.missing--;
+        kept += line + '\n';
+        break;
+      }
+    }
+  }
+  write_file_atomically(samples_path.string(), kept);
+  write_file_atomically(marker.string(), dump({{"suite", setup.suite}, {"cell", cell_dir_name(cell.press_opt)}}, 2) + "\n");
+  cell.out.open(samples_path, std::ios::binary | std::ios::app);
+  if (!cell.out) throw Error(samples_path.string() + ": cannot open for writing");
+}
+
+}  // namespace
+
 SweepResult run_sweep(const EvalSetup& setup, const std::vector<PressOptions>& cells, const std::string& out_dir,
                       const RunOptions& opt, int shard_index, int shard_count) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -413,19 +524,27 @@ SweepResult run_sweep(const EvalSetup& setup, const std::vector<PressOptions>& c
   if (ec) throw Error(out_dir + ": cannot create folder: " + ec.message());
   const fs::path shard_file = fs::path(out_dir) / "shard.json";
   if (shard_count > 1) {
-    const nlohmann::json want = {{"index", shard_index}, {"count", shard_count}, {"suite", setup.suite}};
+    const nlohmann::json want = {
+        {"index", shard_index}, {"count", shard_count}, {"unit", "context"}, {"suite", setup.suite}};
     if (fs::exists(shard_file, ec) && read_json_file(shard_file.string()) != want)
       throw Error(out_dir + " holds another shard or suite; use another --out folder");
     write_file_atomically(shard_file.string(), dump(want, 2) + "\n");
   } else if (fs::exists(shard_file, ec)) {
     throw Error(out_dir + " is a shard folder; an unsharded sweep needs another --out folder");
   }
-  // This shard's samples of each cell.
-  const int64_t n_samples = (int64_t)setup.samples.size();
-  std::vector<std::vector<Sample>> cell_samples(cells.size());
+  // This shard's samples of each cell (indices into setup.samples): the samples of every
+  // shard_count-th context, under every cell, so that a context is prefilled on one shard only.
+  std::vector<bool> in_shard(setup.samples.size(), false);
+  {
+    const std::vector<std::vector<size_t>> groups = context_groups(setup.samples);
+    for (size_t g = 0; g < groups.size(); g++)
+      if ((int64_t)(g % (size_t)shard_count) == shard_index)
+        for (size_t i : groups[g]) in_shard[i] = true;
+  }
+  std::vector<std::vector<size_t>> cell_samples(cells.size());
   for (size_t c = 0; c < cells.size(); c++)
-    for (int64_t i = 0; i < n_samples; i++)
-      if (((int64_t)c * n_samples + i) % shard_count == shard_index) cell_samples[c].push_back(setup.samples[(size_t)i]);
+    for (size_t i = 0; i < setup.samples.size(); i++)
+      if (in_shard[i]) cell_samples[c].push_back(i);
 
   // Check every finished cell before running anything, so a mismatch fails fast.
   std::vector<bool> done(cells.size(), false);
@@ -447,35 +566,143 @@ SweepResult run_sweep(const EvalSetup& setup, const std::vector<PressOptions>& c
   }
   Progress overall("sweep", total, "sample", finished_samples, opt.quiet ? nullptr : stderr);
   SweepResult result;
+  std::vector<std::vector<ResultRow>> cell_rows(cells.size());  // results.csv keeps the grid's order
+  auto cell_label = [&](size_t c) {
+    char head[48];
+    std::snprintf(head, sizeof head, "[%zu/%zu ", c + 1, cells.size());
+    return std::string(head) + cell_dir_name(&cells[c]) + "]";
+  };
+  auto report_cell = [&](size_t c, const CellResult& cell, double seconds) {
+    result.cells_run++;
+    cell_rows[c] = cell.rows;
+    if (!opt.quiet)
+      std::fprintf(stderr, "%s%s: average %.2f, evicted %.3f (%s)\n", overall.is_tty() ? "\r\033[K" : "",
+                   cell_label(c).c_str(), cell.summary["average"].get<double>(),
+                   cell.summary["evicted_fraction"].get<double>(), format_duration(seconds).c_str());
+  };
+  std::vector<size_t> to_run;
   for (size_t c = 0; c < cells.size(); c++) {
-    const PressOptions* p = cells[c].name.empty() ? nullptr : &cells[c];
-    const fs::path dir = fs::path(out_dir) / cell_dir_name(p);
     if (cell_samples[c].empty()) continue;  // none of this cell's samples belong to this shard
     if (done[c]) {
       result.cells_skipped++;
-      const auto rows = read_results((dir / "tasks.csv").string());
-      result.rows.insert(result.rows.end(), rows.begin(), rows.end());
-      continue;
-    }
-    RunOptions run = opt;
-    run.progress = &overall;
-    char head[48];
-    std::snprintf(head, sizeof head, "[%zu/%zu ", c + 1, cells.size());
-    run.label = std::string(head) + cell_dir_name(p) + "]";
-    const auto tc = std::chrono::steady_clock::now();
-    const EvalSetup shard_setup{setup.model, setup.session, setup.prompts, cell_samples[c], setup.suite};
-    const CellResult cell = run_cell(shard_setup, p, dir.string(), run);
-    finished_samples += (int64_t)cell_samples[c].size();
-    overall.update(finished_samples);
-    result.cells_run++;
-    result.rows.insert(result.rows.end(), cell.rows.begin(), cell.rows.end());
-    if (!opt.quiet) {
-      std::fprintf(stderr, "%s%s: average %.2f, evicted %.3f (%s)\n", overall.is_tty() ? "\r\033[K" : "",
-                   run.label.c_str(), cell.summary["average"].get<double>(),
-                   cell.summary["evicted_fraction"].get<double>(), format_duration(seconds_since(tc)).c_str());
+      cell_rows[c] = read_results((fs::path(out_dir) / cell_dir_name(&cells[c]) / "tasks.csv").string());
+    } else {
+      to_run.push_back(c);
     }
   }
+
+  if (!opt.share_prefill) {
+    for (size_t c : to_run) {
+      const PressOptions* p = cells[c].name.empty() ? nullptr : &cells[c];
+      RunOptions run = opt;
+      run.progress = &overall;
+      run.label = cell_label(c);
+      const auto tc = std::chrono::steady_clock::now();
+      std::vector<Sample> samples;
+      for (size_t i : cell_samples[c]) samples.push_back(setup.samples[i]);
+      const EvalSetup shard_setup{setup.model, setup.session, setup.prompts, samples, setup.suite};
+      const CellResult cell = run_cell(shard_setup, p, (fs::path(out_dir) / cell_dir_name(p)).string(), run);
+      finished_samples += (int64_t)samples.size();
+      overall.update(finished_samples);
+      report_cell(c, cell, seconds_since(tc));
+    }
+  } else {
+    // Context by context: one recorded prefill, then every unfinished cell on a replay of it.
+    std::vector<SharedCell> run_cells(to_run.size());
+    for (size_t r = 0; r < to_run.size(); r++) {
+      SharedCell& cell = run_cells[r];
+      cell.index = to_run[r];
+      cell.press_opt = cells[cell.index].name.empty() ? nullptr : &cells[cell.index];
+      cell.dir = fs::path(out_dir) / cell_dir_name(cell.press_opt);
+      if (cell.press_opt) cell.press = make_press(*cell.press_opt, setup.model);
+      cell.samples = cell_samples[cell.index];
+      cell.slot_of.assign(setup.samples.size(), -1);
+      for (size_t k = 0; k < cell.samples.size(); k++) cell.slot_of[cell.samples[k]] = (int64_t)k;
+      cell.outcomes.resize(cell.samples.size());
+      cell.have.assign(cell.samples.size(), false);
+      cell.missing = (int64_t)cell.samples.size();
+      fs::remove(cell.dir / "summary.json", ec);
+      resume_cell(cell, setup);
+      finished_samples += (int64_t)cell.samples.size() - cell.missing;
+    }
+    overall.update(finished_samples);
+
+    Session& session = setup.session;
+    Engine& engine = session.engine();
+    Sequence& base = session.sequence();
+    const Tokenizer& tok = setup.model.tokenizer();
+    ContextRecording recording(setup.model.config());
+    auto finish = [&](SharedCell& cell) {
+      cell.out.close();
+      const auto tf = std::chrono::steady_clock::now();
+      const CellResult res = finish_cell(setup, cell.press_opt, cell.dir, cell.outcomes, cell.wall, true);
+      report_cell(cell.index, res, cell.wall + seconds_since(tf));
+    };
+    for (SharedCell& cell : run_cells)
+      if (cell.missing == 0) finish(cell);  // every sample was already in its samples.jsonl
+
+    for (const std::vector<size_t>& group : context_groups(setup.samples)) {
+      // What each cell still needs of this context.
+      std::vector<std::vector<size_t>> need(run_cells.size());
+      bool any = false;
+      for (size_t r = 0; r < run_cells.size(); r++)
+        for (size_t i : group) {
+          const int64_t k = run_cells[r].slot_of[i];
+          if (k >= 0 && !run_cells[r].have[(size_t)k]) need[r].push_back(i), any = true;
+        }
+      if (!any) continue;
+
+      const std::vector<int32_t> ctx = setup.prompts.context_ids(setup.samples[group.front()].context);
+      const auto questions = group_questions(setup.prompts, setup.samples, group, (int64_t)ctx.size(), session.n_ctx());
+      std::unordered_map<size_t, size_t> question_of;  // sample -> its question in `questions`
+      for (size_t k = 0; k < group.size(); k++) question_of[group[k]] = k;
+      const auto tp = std::chrono::steady_clock::now();
+      base.reset();
+      base.attach_press(nullptr);
+      engine.prefill_recorded(base, ctx, recording);
+      const double prefill_seconds = seconds_since(tp);
+
+      for (size_t r = 0; r < run_cells.size(); r++) {
+        if (need[r].empty()) continue;
+        SharedCell& cell = run_cells[r];
+        const auto tc = std::chrono::steady_clock::now();
+        std::unique_ptr<Sequence> seq;
+        if (!cell.press) {
+          seq = base.fork();  // the full cache: the prefill itself
+        } else {
+          seq = engine.new_sequence();
+          seq->attach_press(cell.press.get());
+          seq->begin_context();
+          engine.replay(*seq, recording);
+          seq->end_context(ctx);
+          seq->cache().release_pool();  // a large eviction: give the freed pages back to the system
+        }
+        const double compress_seconds = cell.press ? seconds_since(tc) : 0.0;
+        for (size_t q = 0; q < need[r].size(); q++) {
+          const size_t i = need[r][q];
+          SampleOutcome o = answer_on_fork(*seq, setup.samples[i], questions[question_of[i]], tok, (int64_t)ctx.size());
+          o.context_reused = q > 0;
+          o.context_seconds = q == 0 ? compress_seconds : 0.0;
+          o.shared_prefill_seconds = q == 0 ? prefill_seconds : 0.0;
+          cell.out << dump(outcome_to_json(o)) << '\n';
+          cell.out.flush();
+          if (!cell.out) throw Error((cell.dir / "samples.jsonl").string() + ": write failed (disk full?)");
+          const size_t k = (size_t)cell.slot_of[i];
+          cell.outcomes[k] = o;
+          cell.have[k] = true;
+          cell.missing--;
+          if (opt.on_sample) opt.on_sample(o);
+          overall.add(1, cell_label(cell.index) + " " + short_status(o));
+        }
+        cell.wall += seconds_since(tc);
+        seq.reset();
+        if (cell.missing == 0) finish(cell);
+      }
+    }
+    base.reset();
+  }
   overall.finish();
+  for (const auto& rows : cell_rows) result.rows.insert(result.rows.end(), rows.begin(), rows.end());
   write_results((fs::path(out_dir) / "results.csv").string(), result.rows);
   result.seconds = seconds_since(t0);
   return result;
@@ -498,6 +725,8 @@ std::vector<ResultRow> merge_shard_folders(const std::vector<std::string>& dirs)
   for (const std::string& d : dirs) {
     const nlohmann::json sh = read_json_file((fs::path(d) / "shard.json").string());
     const int idx = sh.at("index").get<int>(), n = sh.at("count").get<int>();
+    if (sh.value("unit", std::string()) != "context")
+      throw Error(d + ": a shard split by (cell, sample), as kvzap did before shards split by context; rerun it");
     if (count < 0) {
       count = n;
       suite = sh.at("suite");

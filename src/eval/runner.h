@@ -59,6 +59,9 @@ struct SampleOutcome {
   // context already paid for it (context_reused = true).
   double context_seconds = 0, question_seconds = 0, decode_seconds = 0;
   bool context_reused = false;
+  // A sweep that prefilled the context once for all its cells (run_sweep, share_prefill): that prefill's
+  // time, and context_seconds holds only this press's replay and compression of it. 0 otherwise.
+  double shared_prefill_seconds = 0;
   std::vector<double> depths;  // needle depths from the sample's metadata
 };
 
@@ -73,6 +76,10 @@ struct RunOptions {
   Progress* progress = nullptr;
   std::string label = "eval";
   bool quiet = false;
+  // run_sweep only: prefill each context once, recorded, and replay it under every cell's press
+  // (engine/context_recording.h; the outcomes are the same bits as cell by cell), instead of running
+  // the cells one after the other, each prefilling every context again.
+  bool share_prefill = true;
 };
 
 // Answers every sample. Samples with the same context share one prefill (and one compression);
@@ -145,10 +152,14 @@ struct SweepResult {
 // Runs the grid into out_dir/<cell_dir_name>/, skipping finished cells (after checking that their
 // suite matches setup.suite; a mismatch throws, so results of different suites never mix), and
 // writes out_dir/results.csv with all rows. An overall progress line (samples of all cells, ETA)
-// goes to stderr unless opt.quiet.
-// shard_index / shard_count: run only the (cell c, sample s) units with (c * n_samples + s) % count ==
-// index — a deterministic 1/count of the grid, so machines can split a sweep; OUT/shard.json records
-// the shard and `kvzap report` merges the shard folders (merge_shard_folders).
+// goes to stderr unless opt.quiet. With opt.share_prefill (the default) the grid runs context by
+// context: each context is prefilled once and every unfinished cell answers its questions on a replay
+// of that prefill under its press; an unfinished cell's samples.jsonl is kept and only its missing
+// samples run (a torn last line is dropped). Cell by cell, an unfinished cell reruns from its start.
+// shard_index / shard_count: run only the samples of the contexts g (in order of first appearance) with
+// g % count == index, under every cell — a deterministic 1/count of the grid's (cell, sample) units in
+// which each context is prefilled on one shard only, so machines can split a sweep; OUT/shard.json
+// records the shard and `kvzap report` merges the shard folders (merge_shard_folders).
 SweepResult run_sweep(const EvalSetup& setup, const std::vector<PressOptions>& cells, const std::string& out_dir,
                       const RunOptions& opt = {}, int shard_index = 0, int shard_count = 1);
 // True if `dir` is the output folder of a sharded sweep (it holds shard.json).

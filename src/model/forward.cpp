@@ -109,6 +109,47 @@ void Forward::run(const int32_t* tokens, int64_t n, KvCache& cache, LogitsMode m
   }
 }
 
+void Forward::replay_step(const RecordedStep& rs, KvCache& cache, LayerObserver* observer) {
+  const int64_t n = rs.n_tok;
+  if (n <= 0 || (int64_t)rs.pos.size() != n || (int64_t)rs.layers.size() != cfg_.n_layer)
+    throw Error("internal: malformed recorded step");
+  if (rs.pos[0] != cache.n_past()) throw Error("internal: a recorded step that does not continue the cache");
+  if (cache.n_past() + n > max_ctx_)
+    throw Error("context overflow: " + std::to_string(cache.n_past() + n) + " tokens exceed the context size of " +
+                std::to_string(max_ctx_));
+  if (cache.layer_windows() != windows_) cache.set_layer_windows(windows_);
+  for (int l = 0; l < cfg_.n_layer; l++) {
+    const RecordedStep::Layer& L = rs.layers[(size_t)l];
+    cache.append_layer(l, n, L.k.data(), L.v.data(), rs.pos.data());
+    if (observer) {
+      LayerStep st;
+      st.layer = l;
+      st.n_tok = n;
+      st.pos = rs.pos.data();
+      st.h = L.h.data();
+      st.q = L.q.data();
+      st.k = L.k.data();
+      st.v = L.v.data();
+      st.pool = &pool_;
+      // The read-out over blocks of up to 8 rows, as step_batch runs it (a row's result does not depend
+      // on its block: Surrogate.LinearAndMlpPredictMatchReference).
+      if (const int dim = observer->h_readout_dim(l); dim > 0) {
+        if ((int64_t)readout_.size() < n * dim) readout_.resize((size_t)(n * dim));
+        const int64_t E = cfg_.n_embd;
+        pool_.parallel_ranges(n, [&](int64_t t0, int64_t t1, int) {
+          for (int64_t b0 = t0; b0 < t1; b0 += 8)
+            observer->h_readout(l, &L.h[(size_t)(b0 * E)], std::min<int64_t>(8, t1 - b0), &readout_[(size_t)(b0 * dim)]);
+        });
+        st.h_readout = readout_.data();
+      }
+      cache.set_n_past(rs.pos[0] + n);
+      observer->after_attention(st, cache);
+    }
+    if (cfg_.layers[(size_t)l].is_sliding()) cache.drop_outside_window(l, rs.pos[0] + n);
+  }
+  cache.set_n_past(rs.pos[0] + n);
+}
+
 void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
   const ModelWeights& w = model_.weights();
   const int64_t E = cfg_.n_embd, D = cfg_.head_dim, H = cfg_.n_head, Hkv = cfg_.n_head_kv;

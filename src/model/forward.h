@@ -47,6 +47,20 @@ class LayerObserver {
 
 enum class LogitsMode { None, Last, All };
 
+// What an observer saw of one forward step of one segment, at every layer (engine/context_recording.h
+// records them): positions, and per layer the step's h, q, k and v as LayerStep holds them.
+struct RecordedStep {
+  int64_t n_tok = 0;
+  std::vector<int32_t> pos;  // [n_tok]
+  struct Layer {
+    std::vector<float> h;  // [n_tok][n_embd]
+    std::vector<float> q;  // [n_tok][n_head][head_dim]
+    std::vector<float> k;  // [n_tok][n_head_kv][head_dim]
+    std::vector<float> v;  // [n_tok][n_head_kv][head_dim]
+  };
+  std::vector<Layer> layers;  // [n_layer]
+};
+
 // One sequence's part of a batched step: n new tokens appended to `cache` at positions
 // cache->n_past() .. +n, watched by `observer` (may be null).
 struct ForwardSegment {
@@ -72,6 +86,13 @@ class Forward {
   // once for all of them); attention and the observer run per segment on its own cache. The segments'
   // caches must be distinct; their tokens sum to at most max_batch(), and each fits max_ctx().
   void step_batch(const ForwardSegment* segs, int n_segs);
+
+  // Replays a recorded step into `cache` under `observer` without computing anything: the same cache
+  // operations in the same order as step_batch (per layer: append the step's K/V, set the sequence
+  // length, the observer with the recorded tensors and its h read-out, the sliding-window frees), so
+  // an observer that evicts nothing before the step ends leaves cache and itself exactly as the step
+  // that was recorded would have. The step must continue the cache (its first position = n_past()).
+  void replay_step(const RecordedStep& step, KvCache& cache, LayerObserver* observer);
 
   int64_t max_batch() const { return max_batch_; }
   int64_t max_ctx() const { return max_ctx_; }

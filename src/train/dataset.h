@@ -14,6 +14,7 @@
 // The record count is the number of whole records in the file; a partial last record (an interrupted
 // append) is ignored by readers and cut off by DatasetWriter::open_append before it appends.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -68,6 +69,8 @@ class Dataset {
   void gather_range(int layer, int64_t begin, int64_t n, float* x_out, float* y_out) const;
 
   Dataset subset(const std::vector<int64_t>& idx) const;  // in-memory copy
+  // Keeps only the first n records in view (n >= size(): no change); nothing is copied or written.
+  void limit(int64_t n) { n_ = std::min(n_, std::max<int64_t>(n, 0)); }
   void save(const std::string& path) const;               // complete file, overwrites
 
  private:

@@ -11,6 +11,7 @@
 #include <memory>
 #include <sstream>
 
+#include "common/json_file.h"
 #include "engine/session.h"
 #include "eval/faithfulness.h"
 #include "eval/runner.h"
@@ -78,10 +79,10 @@ struct TinySuite {
   std::vector<Sample> samples;
   nlohmann::json suite;
   explicit TinySuite(const PromptBuilder& prompts, std::vector<std::string> tasks = {"niah_single_1", "niah_single_2"},
-                     int64_t length = 300) {
+                     int64_t length = 300, int64_t samples_per_task = 1) {
     opt.tasks = std::move(tasks);
     opt.length = length;
-    opt.samples_per_task = 1;
+    opt.samples_per_task = samples_per_task;
     opt.count_tokens = prompts.counter();
     samples = generate_suite(opt);
     suite = suite_description(opt, samples, model().config().name);
@@ -361,18 +362,13 @@ TEST(Faithfulness, NoOpPressAgreesExactlyAndRealPruningDoesNot) {
 
 namespace {
 TEST(EvalSweep, ShardsTogetherEqualTheUnshardedSweep) {
-  // A tiny grid: 2 tasks x 2 samples, no press + knorm at 0.5; three shards split the 8 (cell, sample)
-  // units; merged, they give the unsharded rows exactly.
+  // A tiny grid: 2 tasks x 2 samples, no press + knorm at 0.5; three shards split the 4 contexts (2, 1
+  // and 1, each under both cells); merged, they give the unsharded rows exactly.
   const Model& m = model();
   const PromptBuilder prompts(m.tokenizer());
-  SuiteOptions opt;
-  opt.tasks = {"niah_single_1", "niah_single_2"};
-  opt.length = 300;
-  opt.samples_per_task = 2;
-  opt.count_tokens = prompts.counter();
-  const std::vector<Sample> samples = generate_suite(opt);
+  const TinySuite t(prompts, {"niah_single_1", "niah_single_2"}, 300, 2);
   Session session(m, small_session(600));
-  const EvalSetup setup{m, session, prompts, samples, suite_description(opt, samples, m.config().name)};
+  const EvalSetup setup{m, session, prompts, t.samples, t.suite};
   PressOptions base;
   base.ratio_scope = "kvpress";
   const auto cells = plan_sweep({"knorm"}, {0.5}, {}, base);
@@ -407,3 +403,79 @@ TEST(EvalSweep, ShardsTogetherEqualTheUnshardedSweep) {
   EXPECT_THROW(run_sweep(setup, cells, dirs[0], quiet, 3, 3), Error);
 }
 }  // namespace
+
+TEST(EvalSweep, SharedPrefillGivesTheCellByCellOutcomesAndResumesAPartialCell) {
+  // Every cell of a small grid on one prefill per context gives, sample by sample, what running the cells
+  // one after the other gives (answers, scores, evicted fractions, KV bytes); an interrupted shared sweep
+  // keeps a partial cell's finished samples (dropping a torn last line) and ends with the same files.
+  const Model& m = model();
+  const PromptBuilder prompts(m.tokenizer());
+  const TinySuite t(prompts, {"niah_single_1", "niah_single_2"}, 300, 2);
+  const std::vector<Sample>& samples = t.samples;
+  Session session(m, small_session(600));
+  const EvalSetup setup{m, session, prompts, samples, t.suite};
+  PressOptions base;
+  base.ratio_scope = "kvpress";
+  base.decoding = true;  // the KVzap cell keeps pruning while answering: its press is cloned per question
+  base.window = 16;
+  const auto cells = plan_sweep({"knorm", "kvzap-mlp", "snapkv"}, {0.5}, {-4}, base);
+  ASSERT_EQ(cells.size(), 4u);
+  RunOptions per_cell, shared;
+  per_cell.quiet = shared.quiet = true;
+  per_cell.share_prefill = false;
+  TempDir a, b;
+  const SweepResult ra = run_sweep(setup, cells, a.str(), per_cell);
+  const SweepResult rb = run_sweep(setup, cells, b.str(), shared);
+  EXPECT_EQ(rb.cells_run, 4);
+  auto outcomes = [](const fs::path& dir) {
+    std::map<std::string, nlohmann::json> by_sample;
+    for (const std::string& line : lines_of(dir / "samples.jsonl")) {
+      nlohmann::json j = nlohmann::json::parse(line);
+      j.erase("timings");
+      j.erase("context_reused");
+      by_sample[j["task"].get<std::string>() + "#" + std::to_string(j["index"].get<int64_t>())] = j;
+    }
+    return by_sample;
+  };
+  for (const PressOptions& c : cells) {
+    SCOPED_TRACE(cell_dir_name(&c));
+    const auto oa = outcomes(a.path() / cell_dir_name(&c)), ob = outcomes(b.path() / cell_dir_name(&c));
+    ASSERT_EQ(oa.size(), samples.size());
+    EXPECT_EQ(oa, ob);
+    const nlohmann::json sb = read_json_file((b.path() / cell_dir_name(&c) / "summary.json").string());
+    EXPECT_EQ(sb["prefill"], "shared");
+    EXPECT_EQ(sb["average"], read_json_file((a.path() / cell_dir_name(&c) / "summary.json").string())["average"]);
+  }
+  ASSERT_EQ(ra.rows.size(), rb.rows.size());
+  for (size_t i = 0; i < ra.rows.size(); i++) {
+    EXPECT_EQ(ra.rows[i].press, rb.rows[i].press);
+    EXPECT_EQ(ra.rows[i].score, rb.rows[i].score);
+  }
+
+  // Interrupt: the KVzap cell lost its summary, kept one sample and half of the next line.
+  const fs::path kv = b.path() / cell_dir_name(&cells[2]);
+  const std::vector<std::string> kept = lines_of(kv / "samples.jsonl");
+  ASSERT_EQ(kept.size(), samples.size());
+  fs::remove(kv / "summary.json");
+  {
+    std::ofstream out(kv / "samples.jsonl", std::ios::binary | std::ios::trunc);
+    out << kept[0] << '\n' << kept[1].substr(0, kept[1].size() / 2);
+  }
+  int64_t ran = 0;
+  RunOptions counting = shared;
+  counting.on_sample = [&](const SampleOutcome&) { ran++; };
+  const SweepResult again = run_sweep(setup, cells, b.str(), counting);
+  EXPECT_EQ(again.cells_run, 1);
+  EXPECT_EQ(again.cells_skipped, 3);
+  EXPECT_EQ(ran, (int64_t)samples.size() - 1);  // only the missing samples ran
+  EXPECT_EQ(outcomes(kv), outcomes(a.path() / cell_dir_name(&cells[2])));
+  EXPECT_TRUE(cell_finished(kv.string()));
+
+  // A partial cell of another suite is not mixed in.
+  fs::remove(kv / "summary.json");
+  nlohmann::json other = setup.suite;
+  other["seed"] = 43;
+  const EvalSetup mismatched{m, session, prompts, samples, other};
+  std::vector<PressOptions> only_kvzap = {cells[2]};
+  EXPECT_THROW(run_sweep(mismatched, only_kvzap, b.str(), shared), Error);
+}

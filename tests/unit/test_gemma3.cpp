@@ -20,6 +20,7 @@
 #include "model/forward.h"
 #include "model/model.h"
 #include "press/press.h"
+#include "replay_check.h"
 #include "tiny_gguf.h"
 
 namespace {
@@ -471,6 +472,41 @@ TEST(Gemma3, ContextScorersJudgeTheGlobalLayers) {
     }
   }
   EXPECT_GE(n_context_scorers, 15);
+}
+
+
+// The shared-prefill path on a model with sliding-window layers: a replayed context (whose sliding layers
+// free what their window no longer sees, step by step) gives the cache and logits of a prefill under the
+// press, for context scorers, per-token scorers and a decoding threshold press, in one step and in chunks.
+TEST(Gemma3, ReplayedContextMatchesAPrefillUnderAPress) {
+  auto t = load({});
+  const ModelConfig& c = t->model->config();
+  const std::vector<int32_t> context = tokens(96, 8, c.n_vocab), question = tokens(12, 9, c.n_vocab);
+  std::vector<PressOptions> presses;
+  for (const char* name : {"snapkv", "kvzip", "knorm", "streaming_llm"}) {
+    PressOptions po;
+    po.name = name;
+    po.has_ratio = true;
+    po.ratio = 0.5;
+    presses.push_back(po);
+  }
+  PressOptions rnd;
+  rnd.name = "random";
+  rnd.has_threshold = true;
+  rnd.threshold = 0.5;
+  rnd.window = 4;
+  rnd.decoding = true;
+  rnd.sliding_layers = true;
+  presses.push_back(rnd);
+  for (int64_t n_batch : {(int64_t)256, (int64_t)32}) {
+    EngineOptions eo = small_engine(2);
+    eo.n_batch = n_batch;
+    for (const PressOptions& po : presses) {
+      if (n_batch < 256 && po.name == "kvzip") continue;  // its repeat pass needs the context in one batch
+      SCOPED_TRACE(po.name + " n_batch " + std::to_string(n_batch));
+      EXPECT_GT(test::expect_replay_matches_prefill(*t->model, eo, po, context, question), 0.0);
+    }
+  }
 }
 
 }  // namespace

@@ -21,6 +21,9 @@
 #include "train/metrics.h"
 #include "train/mlp.h"
 #include "train/ridge.h"
+#include "test_support.h"
+
+#include <nlohmann/json.hpp>
 
 namespace fs = std::filesystem;
 using namespace kvzap;
@@ -561,4 +564,29 @@ TEST(Ridge, ExportForPythonCheck) {
   dump("coef.f32", res.weight);
   dump("intercept.f32", res.bias);
   std::ofstream(root / "meta.json") << "{\"n\": " << n << ", \"d\": " << d << ", \"k\": " << k << ", \"alpha\": 1.0}\n";
+}
+
+// `kvzap train --max-pairs N` trains on the first N pairs rounded down to whole windows (a shorter
+// collection's dataset), and says so in report.json; fewer pairs than the first window is an error.
+TEST(TrainCli, MaxPairsTrainsOnWholeLeadingWindows) {
+  const fs::path data = temp_path("maxpairs.kvzd"), out = temp_path("maxpairs_out");
+  synthetic(2, 8, 2, 40, 3, DatasetDtype::F16, false).save(data.string());  // 4 windows of 10 pairs
+  Dataset view = Dataset::open(data.string());
+  view.limit(25);
+  EXPECT_EQ(view.size(), 25);
+  view.limit(100);
+  EXPECT_EQ(view.size(), 25);  // limit never grows the view
+
+  const std::string common = "train --data '" + data.string() + "' --test '" + data.string() + "' --out '" +
+                             out.string() + "' --kind linear -t 1";
+  const test::CommandResult ok = test::run_kvzap(common + " --max-pairs 25");
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  const nlohmann::json report = nlohmann::json::parse(test::slurp((out / "report.json").string()));
+  EXPECT_EQ(report["options"]["n_train"], 20);
+  EXPECT_EQ(report["options"]["max_pairs"], 25);
+  const test::CommandResult bad = test::run_kvzap(common + " --max-pairs 5");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("first window"), std::string::npos) << bad.err;
+  fs::remove(data);
+  fs::remove_all(out);
 }
