@@ -1,6 +1,6 @@
 // "pyramidkv" (docs/ALGORITHMS.md §8.5, kvpress PyramidKVPress): SnapKV scores, but lower layers keep more
-// entries than higher ones. Layer l keeps the same count per head, pyramid_layer_budget(); the ratio
-// scope does not apply.
+// entries than higher ones. Layer l keeps the same count per head, pyramid_layer_budget() over the judged
+// layers; the ratio scope does not apply.
 #include <cmath>
 
 #include "model/model.h"
@@ -30,13 +30,20 @@ class PyramidKvScorer : public SnapKvScorer, public BudgetSplit {
   explicit PyramidKvScorer(const ModelConfig& c) : SnapKvScorer(c) {}
   std::string budget_name() const override { return "pyramid"; }
   void mark_evictions(const KvCache& cache, const CacheScores& scores, double ratio, EvictionMask& drop) override {
+    // The pyramid spans the judged (global) layers only: on a model with sliding-window layers (which a
+    // context scorer leaves alone) the budgets still average to the ratio over the layers it prunes.
     const int H = cache.n_head_kv();
-    for (int l = 0; l < cache.n_layer(); l++)
-      for (int h = 0; h < H && judged_layer(cache, l); h++) {
+    int n_judged = 0;
+    for (int l = 0; l < cache.n_layer(); l++) n_judged += judged_layer(cache, l);
+    for (int l = 0, rank = 0; l < cache.n_layer(); l++) {
+      if (!judged_layer(cache, l)) continue;
+      for (int h = 0; h < H; h++) {
         const int64_t T = cache.length(l, h);
-        const int64_t keep = pyramid_layer_budget(T, ratio, l, cache.n_layer(), window_);
+        const int64_t keep = pyramid_layer_budget(T, ratio, rank, n_judged, window_);
         mark_lowest_in_stream(scores[(size_t)l][(size_t)h], T - keep, drop[(size_t)l * H + h]);
       }
+      rank++;
+    }
   }
 };
 

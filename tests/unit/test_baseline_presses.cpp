@@ -706,6 +706,28 @@ TEST(BaselineBudgets, PyramidKvKeepsItsLayerBudgetOfTheBestSnapKvScoresPerHead) 
     }
 }
 
+// On a model with sliding-window layers the pyramid spans the judged (global) layers only, so their mean
+// budget is still the ratio's: 4 layers, the last one sliding; layers 0..2 keep 236, 150, 64 of 300
+// (spread over all 4 layers they would keep 236, 179, 121: 40 % evicted instead of 50 %).
+TEST(BaselineBudgets, PyramidKvSpansTheJudgedLayersOnly) {
+  ModelConfig c = small_config();
+  c.n_layer = 4;
+  const Context x = make_context(c, 300, 17);
+  PressOptions o;
+  o.name = "pyramidkv";
+  o.has_ratio = true;
+  o.ratio = 0.5;
+  RatioPress press(make_pyramidkv_scorer(c), o);
+  KvCache cache(c.n_layer, c.n_head_kv, c.head_dim);
+  cache.set_layer_windows({0, 0, 0, 1000});  // layer 3 slides (its window holds the whole context here)
+  press.start_context();
+  feed(cache, x, 1000000, [&](const LayerStep& st) { press.after_attention(st, cache); });
+  press.finish_context(cache, nullptr);
+  const int64_t want[4] = {236, 150, 64, 300};
+  for (int l = 0; l < 4; l++)
+    for (int h = 0; h < c.n_head_kv; h++) EXPECT_EQ(cache.length(l, h), want[l]) << "layer " << l << " head " << h;
+}
+
 TEST(BaselineBudgets, AdaKvPoolsALayersBudgetWithASafeguardPerHead) {
   // Layer 0: head 0 scores far below head 1, so without the safeguard head 0 would lose everything.
   const int T = 50;
