@@ -80,6 +80,18 @@ int run_score(const ScoreArgs& a) {
                       {"n_tokens", ids.size()}, {"tokens", ids}, {"token_text", pieces},
                       {"protected", scorer.protected_prefix()}, {"prefill_seconds", prefill_s},
                       {"score_seconds", score_s}, {"log_scores", std::move(log_scores)}};
+  // Say why whole layers are null, so a reader does not take them for lost scores.
+  nlohmann::json sliding = nlohmann::json::array();
+  for (int l = 0; l < c.n_layer; l++)
+    if (c.layers[(size_t)l].is_sliding()) sliding.push_back(l);
+  j["unscored_sliding_layers"] = sliding;
+  if (!sliding.empty()) {
+    j["note"] = "layers in unscored_sliding_layers are sliding-window layers: their streams hold only the last " +
+                std::to_string(c.layers[(size_t)sliding[0].get<int>()].sliding_window) +
+                " positions, so KVzip does not judge them and their rows are null";
+    std::fprintf(stderr, "note: %zu of %d layers slide over a window; their rows are null (unscored_sliding_layers)\n",
+                 sliding.size(), c.n_layer);
+  }
   std::ofstream f(a.out);
   f << json_dump(j) << "\n";
   if (!f) throw Error(a.out + ": write failed");

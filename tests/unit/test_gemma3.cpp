@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cache/kv_cache.h"
 #include "common/fp16.h"
 #include "engine/engine.h"
@@ -21,6 +23,7 @@
 #include "model/model.h"
 #include "press/press.h"
 #include "replay_check.h"
+#include "test_support.h"
 #include "tiny_gguf.h"
 
 namespace {
@@ -506,6 +509,34 @@ TEST(Gemma3, ReplayedContextMatchesAPrefillUnderAPress) {
       SCOPED_TRACE(po.name + " n_batch " + std::to_string(n_batch));
       EXPECT_GT(test::expect_replay_matches_prefill(*t->model, eo, po, context, question), 0.0);
     }
+  }
+}
+
+
+// `kvzap score` on a model with sliding-window layers: the sliding layers' rows are null (not judged), and
+// the JSON lists them and says why, while every global layer has scores.
+TEST(Gemma3, ScoreJsonNamesTheUnscoredSlidingLayers) {
+  auto t = load({});
+  const ModelConfig& c = t->model->config();
+  const std::string out = t->path + ".scores.json";
+  const test::CommandResult r =
+      test::run_kvzap("score -m '" + t->path + "' -p 'abc ab ba cab abc ba ab cab ba abc' --out '" + out + "' -t 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(test::slurp(out));
+  std::filesystem::remove(out);
+  std::vector<int> sliding;
+  for (int l = 0; l < c.n_layer; l++)
+    if (c.layers[(size_t)l].is_sliding()) sliding.push_back(l);
+  ASSERT_FALSE(sliding.empty());
+  EXPECT_EQ(j["unscored_sliding_layers"].get<std::vector<int>>(), sliding);
+  EXPECT_NE(j["note"].get<std::string>().find("sliding-window"), std::string::npos);
+  for (int l = 0; l < c.n_layer; l++) {
+    int scored = 0;
+    for (const auto& v : j["log_scores"][(size_t)l][0]) scored += !v.is_null();
+    if (c.layers[(size_t)l].is_sliding())
+      EXPECT_EQ(scored, 0) << "layer " << l;
+    else
+      EXPECT_GT(scored, 0) << "layer " << l;
   }
 }
 
