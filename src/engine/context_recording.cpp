@@ -53,4 +53,9 @@ int64_t ContextRecording::bytes() const {
   return b;
 }
 
+int64_t ContextRecording::bytes_for(const ModelConfig& cfg, int64_t n_tokens) {
+  const int64_t per_layer = (int64_t)cfg.n_embd + ((int64_t)cfg.n_head + 2 * (int64_t)cfg.n_head_kv) * cfg.head_dim;
+  return n_tokens * cfg.n_layer * per_layer * (int64_t)sizeof(float);
+}
+
 }  // namespace kvzap

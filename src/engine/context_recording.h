@@ -30,9 +30,10 @@ class ContextRecording : public LayerObserver {
   // The distribution after the context's last token ([n_vocab]), set by Engine::prefill_recorded.
   std::vector<float>& logits() { return logits_; }
   const std::vector<float>& logits() const { return logits_; }
-  // Bytes the recorded tensors take (h, q, k, v of every layer: ~ n_tokens * n_layer * 4 *
-  // (n_embd + (n_head + 2 n_head_kv) * head_dim)).
+  // Bytes the recorded tensors take (h, q, k, v of every layer), and what a context of n_tokens needs:
+  // n_tokens * n_layer * 4 * (n_embd + (n_head + 2 n_head_kv) * head_dim).
   int64_t bytes() const;
+  static int64_t bytes_for(const ModelConfig& cfg, int64_t n_tokens);
 
  private:
   int64_t E_, Dq_, Dkv_;

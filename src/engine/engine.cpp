@@ -39,16 +39,19 @@ int64_t parse_byte_size(const std::string& text) {
   return (int64_t)bytes;
 }
 
-int64_t default_kv_budget(const Model& model) {
-  (void)model;  // the model is already mapped (and counted by MemAvailable as page cache)
+int64_t memory_available_bytes() {
   std::ifstream f("/proc/meminfo");
   std::string key;
   int64_t kb = 0, avail_kb = 0;
   std::string unit;
   while (f >> key >> kb >> unit)
     if (key == "MemAvailable:") avail_kb = kb;
-  const int64_t half = avail_kb * 1024 / 2;
-  return std::max<int64_t>(half, (int64_t)64 << 20);
+  return avail_kb * 1024;
+}
+
+int64_t default_kv_budget(const Model& model) {
+  (void)model;  // the model is already mapped (and counted by MemAvailable as page cache)
+  return std::max<int64_t>(memory_available_bytes() / 2, (int64_t)64 << 20);
 }
 
 // ---------------------------------------------------------------------------------------------------

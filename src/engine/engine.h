@@ -38,6 +38,8 @@ struct EngineOptions {
   KvType kv_type = KvType::F16; // element type of every sequence's cached K/V (F32: 2x bytes per token)
 };
 
+// The memory the system reports available (MemAvailable), in bytes; 0 when it cannot be read.
+int64_t memory_available_bytes();
 // The default KV budget: half of the memory the system reports available (MemAvailable) once the model
 // is mapped, so KV pages never push the machine into swap; at least 64 MiB.
 int64_t default_kv_budget(const Model& model);

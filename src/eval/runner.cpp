@@ -591,7 +591,25 @@ SweepResult run_sweep(const EvalSetup& setup, const std::vector<PressOptions>& c
     }
   }
 
-  if (!opt.share_prefill) {
+  bool share = opt.share_prefill && !to_run.empty();
+  if (share) {
+    // The recording holds a whole context's activations: a grid whose longest context would not fit the
+    // limit is run cell by cell (the same results, one prefill per cell).
+    int64_t longest = 0;
+    for (const std::vector<size_t>& group : context_groups(setup.samples))
+      longest = std::max<int64_t>(longest, (int64_t)setup.prompts.context_ids(setup.samples[group.front()].context).size());
+    const int64_t need = ContextRecording::bytes_for(setup.model.config(), longest);
+    const int64_t limit = opt.recording_limit_bytes >= 0 ? opt.recording_limit_bytes : memory_available_bytes() / 2;
+    if (need > limit) {
+      share = false;
+      if (!opt.quiet)
+        std::fprintf(stderr,
+                     "note: a recorded %lld-token context takes %.1f GiB, over the %.1f GiB allowed (half of the "
+                     "available memory): every cell prefills its contexts itself\n",
+                     (long long)longest, need / 1073741824.0, limit / 1073741824.0);
+    }
+  }
+  if (!share) {
     for (size_t c : to_run) {
       const PressOptions* p = cells[c].name.empty() ? nullptr : &cells[c];
       RunOptions run = opt;

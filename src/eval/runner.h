@@ -80,6 +80,9 @@ struct RunOptions {
   // (engine/context_recording.h; the outcomes are the same bits as cell by cell), instead of running
   // the cells one after the other, each prefilling every context again.
   bool share_prefill = true;
+  // The most memory a recorded context may take (ContextRecording::bytes_for its longest context); a grid
+  // whose contexts need more runs cell by cell instead, with a note. -1 = half of MemAvailable.
+  int64_t recording_limit_bytes = -1;
 };
 
 // Answers every sample. Samples with the same context share one prefill (and one compression);

@@ -471,6 +471,14 @@ TEST(EvalSweep, SharedPrefillGivesTheCellByCellOutcomesAndResumesAPartialCell) {
   EXPECT_EQ(outcomes(kv), outcomes(a.path() / cell_dir_name(&cells[2])));
   EXPECT_TRUE(cell_finished(kv.string()));
 
+  // A grid whose recorded context would not fit the memory limit runs cell by cell: the same outcomes.
+  TempDir c;
+  RunOptions tight = shared;
+  tight.recording_limit_bytes = 1;
+  run_sweep(setup, {cells[1]}, c.str(), tight);
+  EXPECT_EQ(outcomes(c.path() / cell_dir_name(&cells[1])), outcomes(a.path() / cell_dir_name(&cells[1])));
+  EXPECT_EQ(read_json_file((c.path() / cell_dir_name(&cells[1]) / "summary.json").string())["prefill"], "per_cell");
+
   // A partial cell of another suite is not mixed in.
   fs::remove(kv / "summary.json");
   nlohmann::json other = setup.suite;
