@@ -85,7 +85,7 @@ RegisterCommand reg("sweep", "run the suite over a grid of presses and settings 
   a->m.add_to(sub);
   sub.add_option("--presses", a->presses,
                  "comma-separated presses; kvzap* run by threshold, others by ratio; force with name:ratio or "
-                 "name:threshold")
+                 "name:threshold; name+decoding: that threshold press also prunes while decoding")
       ->required()
       ->delimiter(',');
   sub.add_option("--ratios", a->ratios, "comma-separated compression ratios")

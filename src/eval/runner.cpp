@@ -410,6 +410,11 @@ std::vector<PressOptions> plan_sweep(const std::vector<std::string>& presses, co
       if (forced != "ratio" && forced != "threshold")
         throw Error("press '" + spec + "': the policy after ':' must be 'ratio' or 'threshold'");
     }
+    bool decoding = base.decoding;
+    if (const std::string suffix = "+decoding"; name.size() > suffix.size() && name.ends_with(suffix)) {
+      decoding = true;  // this press prunes while decoding, whatever base says (the cell's label says so too)
+      name.resize(name.size() - suffix.size());
+    }
     if (name == "none" || name == "no_press") continue;  // the full-cache cell is separate
     const ScorerEntry* e = find_scorer(name);
     if (!e) throw Error("unknown press '" + name + "' (see `kvzap presses`)");
@@ -420,6 +425,8 @@ std::vector<PressOptions> plan_sweep(const std::vector<std::string>& presses, co
     } else if (forced == "ratio") {
       by_threshold = false;
     }
+    if (decoding && !by_threshold && decoding != base.decoding)
+      throw Error("press '" + spec + "': +decoding needs the threshold policy");
     const std::vector<double>& settings = by_threshold ? thresholds : ratios;
     if (settings.empty())
       throw Error("press '" + name + "' runs by " + (by_threshold ? "threshold" : "ratio") + " but no --" +
@@ -431,6 +438,7 @@ std::vector<PressOptions> plan_sweep(const std::vector<std::string>& presses, co
       o.has_ratio = !by_threshold;
       o.threshold = by_threshold ? v : 0;
       o.ratio = by_threshold ? 0 : v;
+      o.decoding = decoding;
       o.ratio_scope = scope == "kvpress" ? kvpress_ratio_scope(name) : scope;
       parse_ratio_scope(o.ratio_scope);       // fail on a typo before anything runs
       if (!by_threshold) o.decoding = false;  // decoding-time pruning is the threshold policy's

@@ -139,7 +139,8 @@ bool cell_finished(const std::string& cell_dir);
 // support a ratio always get `ratios`; per-step presses get `thresholds` when their name starts
 // with "kvzap" (the leaderboard runs KVzap by threshold) and `ratios` otherwise. A name may force
 // the policy and the ratio scope: "knorm:threshold", "kvzap-mlp:ratio", "knorm@global",
-// "snapkv:ratio@adakv". `base` supplies window, decoding, seed, surrogate folder and the scope
+// "snapkv:ratio@adakv"; "+decoding" after a threshold press's name makes it prune while decoding
+// ("kvzap-mlp+decoding"), so one grid can hold both variants. `base` supplies window, decoding, seed, surrogate folder and the scope
 // ("kvpress" = kvpress_ratio_scope() of each press). Throws kvzap::Error for an unknown press or a press left
 // without settings.
 std::vector<PressOptions> plan_sweep(const std::vector<std::string>& presses, const std::vector<double>& ratios,

@@ -256,6 +256,15 @@ TEST(EvalSweep, PlanPicksPoliciesPerPress) {
   ASSERT_EQ(forced.size(), 2u);
   EXPECT_EQ(cell_dir_name(&forced[0]), "knorm@global__ratio_0.5");
   EXPECT_EQ(cell_dir_name(&forced[1]), "snapkv@layer__ratio_0.5");
+  // "+decoding": that press prunes while decoding, next to the same press without it.
+  const auto both = plan_sweep({"kvzap-mlp", "kvzap-mlp+decoding", "knorm+decoding:threshold"}, {}, {-4}, base, false);
+  ASSERT_EQ(both.size(), 3u);
+  EXPECT_EQ(cell_dir_name(&both[0]), "kvzap-mlp__threshold_-4");
+  EXPECT_FALSE(both[0].decoding);
+  EXPECT_EQ(cell_dir_name(&both[1]), "kvzap-mlp+decoding__threshold_-4");
+  EXPECT_TRUE(both[1].decoding);
+  EXPECT_EQ(cell_dir_name(&both[2]), "knorm+decoding__threshold_-4");
+  EXPECT_THROW(plan_sweep({"kvzip+decoding"}, {0.5}, {-4}, base), Error);  // a ratio press cannot
   EXPECT_THROW(plan_sweep({"knorm@everywhere"}, {0.5}, {}, base), Error);
   EXPECT_THROW(plan_sweep({"kvzip:threshold"}, {0.5}, {-4}, base), Error);
   EXPECT_THROW(plan_sweep({"no-such-press"}, {0.5}, {}, base), Error);
