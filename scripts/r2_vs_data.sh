@@ -9,7 +9,8 @@
 #
 # Environment: KVZAP_BIN (default build/kvzap), KVZAP_MODEL (default: the default model), THREADS (2),
 # WORK (default runs/r2_vs_data; ~13 GB of datasets for the default sizes), OUT (docs/results/r2_vs_data),
-# TEST_WINDOWS / TEST_POSITIONS (24 / 200), TRAIN_WINDOWS / TRAIN_POSITIONS (1440 / 250),
+# TEST_WINDOWS / TEST_POSITIONS (24 / 200), TRAIN_WINDOWS / TRAIN_POSITIONS (1440 / 250: the windows of the
+# largest multiple, the last of MULTIPLES),
 # BASE_PAIRS (45000), MULTIPLES ("1 2 4 8"), EPOCHS (15).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,14 +32,15 @@ mkdir -p "$WORK" "$OUT"
 
 "$BIN" collect "${MODEL_ARGS[@]}" --corpus "$CORPUS" --split test --out "$WORK/test.kvzd" \
   --windows "$TEST_WINDOWS" --tokens-per-window "$TEST_POSITIONS" --seed 0 -t "$THREADS"
-t0=$SECONDS
-"$BIN" collect "${MODEL_ARGS[@]}" --corpus "$CORPUS" --split train --out "$WORK/train.kvzd" \
-  --windows "$TRAIN_WINDOWS" --tokens-per-window "$TRAIN_POSITIONS" --seed 0 -t "$THREADS"
-echo "r2_vs_data: collection $((SECONDS - t0)) s in this run" >&2
-
+# Collected in stages (each a prefix of the next), each size trained as soon as its windows are in, so
+# an interrupted run has the smaller sizes' results.
 for m in $MULTIPLES; do
   dir="$WORK/x$m"
   [ -f "$dir/report.json" ] && continue
+  t0=$SECONDS
+  "$BIN" collect "${MODEL_ARGS[@]}" --corpus "$CORPUS" --split train --out "$WORK/train.kvzd" \
+    --windows $((TRAIN_WINDOWS * m / ${MULTIPLES##* })) --tokens-per-window "$TRAIN_POSITIONS" --seed 0 -t "$THREADS"
+  echo "r2_vs_data: collection up to x$m: $((SECONDS - t0)) s in this run" >&2
   t0=$SECONDS
   "$BIN" train --data "$WORK/train.kvzd" --test "$WORK/test.kvzd" --out "$dir" --kind both \
     --max-pairs $((BASE_PAIRS * m)) --epochs "$EPOCHS" --lr 5e-3 --batch 512 --seed 0 -t "$THREADS" > /dev/null
