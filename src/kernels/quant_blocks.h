@@ -1,5 +1,5 @@
 // ggml quantization block structs (byte-exact with GGUF data) and the scalar helpers shared by every
-// kernel file. Layouts: reference/cpp-engines.md §3. Scales are IEEE fp16 unless noted.
+// kernel file. Layouts: ggml's block_* structs (ggml-common.h). Scales are IEEE fp16 unless noted.
 #pragma once
 #include <cmath>
 #include <cstddef>

@@ -1,4 +1,4 @@
-// Scalar reference quantization (formulas: reference/cpp-engines.md §3, following ggml-quants.c).
+// Scalar reference quantization (the formulas of ggml-quants.c).
 #include "kernels/quant_ref.h"
 
 #include <algorithm>

@@ -7,7 +7,7 @@
 
 namespace kvzap {
 
-// Which elements RoPE rotates together (cpp-engines.md §2.5): llama-in-GGUF rotates adjacent pairs
+// Which elements RoPE rotates together (ggml's rope modes: normal vs NeoX): llama-in-GGUF rotates adjacent pairs
 // (x[2i], x[2i+1]); Qwen and HF-layout Llama rotate halves (x[i], x[i + n_rot/2]).
 enum class RopeMode { Adjacent, HalfSplit };
 

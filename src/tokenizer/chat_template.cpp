@@ -1,5 +1,5 @@
 // Built-in chat formatters that reproduce, for plain text conversations, what the models' own Jinja
-// templates render (cpp-engines.md §5.5). Tools and tool calls are out of scope.
+// templates render. Tools and tool calls are out of scope.
 #include <cstdio>
 
 #include "kvzap/error.h"

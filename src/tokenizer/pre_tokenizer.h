@@ -1,5 +1,6 @@
 // Pre-tokenizers: split text into the pieces BPE runs on, reproducing the regexes of each model family
-// (cpp-engines.md §5.2) with hand-written scanners over code points (no regex engine).
+// (the pre_tokenizer regexes of their tokenizer.json) with hand-written scanners over code points (no regex
+// engine).
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,5 +1,6 @@
 // Byte-level BPE: special-token partition, pre-tokenization, then rank-ordered merges per piece
-// (cpp-engines.md §5.3-5.4). Symbols are ids, so a merge is one hash lookup on a pair of ids.
+// (GPT-2 style: byte-to-unicode map, lowest-rank pair first). Symbols are ids, so a merge is one hash
+// lookup on a pair of ids.
 #include "tokenizer/tokenizer.h"
 
 #include <algorithm>

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 ADJACENT, HALF_SPLIT = "adjacent", "half-split"
-# Pairing each architecture uses in the GGUF layout (cpp-engines.md §2.5).
+# Pairing each architecture uses in the GGUF layout (llama.cpp's LLAMA_ROPE_TYPE_NORM / _NEOX).
 ROPE_MODE = {"llama": ADJACENT, "qwen2": HALF_SPLIT, "qwen3": HALF_SPLIT}
 
 

@@ -88,7 +88,7 @@ std::vector<uint8_t> random_blocks(GgmlType t, int64_t n_rows, int64_t n_in, std
   return data;
 }
 
-// ---- per-element formulas, written from the layout description (reference/cpp-engines.md §3)
+// ---- per-element formulas, written from the block layouts (ggml-common.h), not from the kernels
 
 void k4_scale_min(const uint8_t* s, int j, int* sc, int* m) {
   if (j < 4) {

@@ -140,7 +140,7 @@ TEST(PreTokenizer, MatchesRegexEngineOnAllCases) {
   }
 }
 
-// Hand-derived from the patterns in cpp-engines.md §5.2.
+// Hand-derived from the pre-tokenizer regexes of the models' tokenizer.json.
 TEST(PreTokenizer, SmolLMIsolatesEveryDigit) {
   using V = std::vector<std::string>;
   EXPECT_EQ(tok::pre_tokenize(PreTokenizer::Smollm, " 12345  x"), (V{" ", "1", "2", "3", "4", "5", " ", " x"}));
@@ -223,7 +223,7 @@ TEST(Tokenizer, InvalidUtf8IsAnErrorNamingTheByte) {
 TEST(Tokenizer, SpecialTokens) {
   REQUIRE_MODEL();
   const Tokenizer& t = *smollm2();
-  // Ids from the model file's tokenizer.ggml.tokens (cpp-engines.md §2.3).
+  // Ids from the model file's tokenizer.ggml.tokens.
   EXPECT_EQ(t.token_id("<|endoftext|>"), 0);
   EXPECT_EQ(t.token_id("<|im_start|>"), 1);
   EXPECT_EQ(t.token_id("<|im_end|>"), 2);
