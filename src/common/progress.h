@@ -33,11 +33,18 @@ class Progress {
   // 0.2 s on a terminal, every `log_interval` seconds otherwise.
   void update(int64_t done, const std::string& extra = "");
   void add(int64_t n = 1, const std::string& extra = "") { update(done_ + n, extra); }
+  // Counts n items found already finished after construction (a resumed job that learns what is done
+  // as it goes): they move the bar but, like already_done, not the rate.
+  void resumed(int64_t n) {
+    done_ += n;
+    start_done_ += n;
+  }
   // Draws the final state and ends the line; prints the elapsed time.
   void finish(const std::string& extra = "");
 
   double elapsed_seconds() const;
   double rate() const;  // items of this run per second (0 before any)
+  int64_t done() const { return done_; }
   bool is_tty() const { return tty_; }
 
  private:

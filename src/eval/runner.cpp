@@ -649,9 +649,9 @@ SweepResult run_sweep(const EvalSetup& setup, const std::vector<PressOptions>& c
       cell.missing = (int64_t)cell.samples.size();
       fs::remove(cell.dir / "summary.json", ec);
       resume_cell(cell, setup);
-      finished_samples += (int64_t)cell.samples.size() - cell.missing;
+      overall.resumed((int64_t)cell.samples.size() - cell.missing);  // not run now: not in the rate
     }
-    overall.update(finished_samples);
+    overall.update(overall.done());
 
     Session& session = setup.session;
     Engine& engine = session.engine();

@@ -70,6 +70,21 @@ TEST(Progress, FormatsTheLine) {
   EXPECT_EQ(format_progress_line("x", 3, 0, 0.0, 8, "it", ""), "x 3");
 }
 
+TEST(Progress, ResumedItemsMoveTheBarButNotTheRate) {
+  // A resumed sweep finds 1,965 of 2,500 samples done after its bar exists: they must not count as work
+  // of this run, or the ETA claims thousands of samples per second.
+  Progress p("sweep", 2500, "sample", 0, nullptr);
+  p.resumed(1965);
+  EXPECT_EQ(p.done(), 1965);
+  EXPECT_EQ(p.rate(), 0.0);  // nothing run yet in this process
+  p.add(1);
+  EXPECT_EQ(p.done(), 1966);
+  const double elapsed_before = p.elapsed_seconds();
+  const double rate = p.rate();  // one item over this run's elapsed time (at least elapsed_before)
+  EXPECT_GT(rate, 0.0);
+  EXPECT_LE(rate, 1.0 / elapsed_before);
+}
+
 TEST(Progress, LogsSparselyWhenNotATerminal) {
   std::FILE* f = std::tmpfile();
   ASSERT_NE(f, nullptr);
