@@ -3,6 +3,9 @@
 difference to the full cache (same samples) with its standard error, as a Markdown table.
 
     python3 scripts/paired_by_task.py SWEEP_DIR [CELL ...]   (default: every finished cell)
+    python3 scripts/paired_by_task.py --reference REF_DIR SWEEP_DIR [CELL ...]
+        the reference of each cell is the cell of the same name in REF_DIR instead of SWEEP_DIR's full
+        cache (e.g. the same press with other surrogates, on the same samples)
 """
 import json, math, os, sys
 
@@ -24,15 +27,30 @@ def mean_se(xs):
 
 
 def main():
-    if len(sys.argv) < 2:
+    args = sys.argv[1:]
+    reference = None
+    if args[:1] == ["--reference"]:
+        if len(args) < 2:
+            sys.exit(__doc__)
+        reference, args = args[1], args[2:]
+    if not args:
         sys.exit(__doc__)
-    src = sys.argv[1]
-    cells = sys.argv[2:] or sorted(c for c in os.listdir(src) if os.path.isfile(os.path.join(src, c, "summary.json")))
-    full = load(os.path.join(src, "no_press", "samples.jsonl"))
-    tasks = list(dict.fromkeys(t for t, _ in full))  # the suite's order
+    src = args[0]
+    cells = args[1:] or sorted(c for c in os.listdir(src) if os.path.isfile(os.path.join(src, c, "summary.json")))
+    if reference:
+        cells = [c for c in cells if os.path.isfile(os.path.join(reference, c, "samples.jsonl"))]
+        if not cells:
+            sys.exit(f"paired_by_task: no cell of {src} has a finished counterpart in {reference}")
+    if not reference and not os.path.isfile(os.path.join(src, "no_press", "samples.jsonl")):
+        sys.exit(f"paired_by_task: {src} has no finished full-cache cell (no_press); use --reference")
+    first = os.path.join(reference or src, cells[0] if reference else "no_press", "samples.jsonl")
+    tasks = list(dict.fromkeys(t for t, _ in load(first)))  # the suite's order
     print("| cell | " + " | ".join(tasks) + " | all |")
     print("|---|" + "---:|" * (len(tasks) + 1))
+    full = None if reference else load(os.path.join(src, "no_press", "samples.jsonl"))
     for c in cells:
+        if reference:
+            full = load(os.path.join(reference, c, "samples.jsonl"))
         rows = load(os.path.join(src, c, "samples.jsonl"))
         out = []
         for t in tasks + [None]:

@@ -8,9 +8,9 @@
 #
 # Environment: KVZAP_BIN (default build/kvzap), KVZAP_MODEL (default: the pulled default model),
 # THREADS (default 2), WORK (intermediate files, default runs/train_default), DEST (the shipped folder),
-# TEST_WINDOWS / TRAIN_WINDOWS / TEST_POSITIONS / TRAIN_POSITIONS (data sizes, default 24 / 180 / 200 / 250).
-# About 35 minutes on 2 shared cores (docs/TRAINING.md has measured timings); the datasets take
-# ~1.8 GB under $WORK.
+# TEST_WINDOWS / TRAIN_WINDOWS / TEST_POSITIONS / TRAIN_POSITIONS (data sizes, default 24 / 720 / 200 / 500).
+# About 1 hour on 2 cores (docs/TRAINING.md has measured timings); the datasets take
+# ~12 GB under $WORK.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,8 +20,8 @@ THREADS="${THREADS:-2}"
 WORK="${WORK:-$ROOT/runs/train_default}"
 DEST="${DEST:-$ROOT/data/surrogates/Smollm2_135M_8k_Lc100K_Mix1_Ep2}"
 # Data sizes (the default model's; docs/TRAINING.md §8 gives the Qwen2.5-Coder-0.5B settings).
-TEST_WINDOWS="${TEST_WINDOWS:-24}" TRAIN_WINDOWS="${TRAIN_WINDOWS:-180}"
-TEST_POSITIONS="${TEST_POSITIONS:-200}" TRAIN_POSITIONS="${TRAIN_POSITIONS:-250}"
+TEST_WINDOWS="${TEST_WINDOWS:-24}" TRAIN_WINDOWS="${TRAIN_WINDOWS:-720}"
+TEST_POSITIONS="${TEST_POSITIONS:-200}" TRAIN_POSITIONS="${TRAIN_POSITIONS:-500}"
 CORPUS="$ROOT/data/corpus-build"
 MODEL_ARGS=()
 if [ -n "${KVZAP_MODEL:-}" ]; then MODEL_ARGS=(-m "$KVZAP_MODEL"); fi
