@@ -61,18 +61,11 @@ for set in new old; do
   [ -n "$DECODING_THRESHOLD" ] && faith "$set" "$dir" mlp "$DECODING_THRESHOLD" --decode-press
 done
 
-python3 - "$WORK" "$OUT" "$THRESHOLDS" "$KINDS" "$DECODING_THRESHOLD" <<'PY'
-import csv, json, math, os, sys
+python3 - "$WORK" "$OUT" "$THRESHOLDS" "$KINDS" "$DECODING_THRESHOLD" "$ROOT/scripts" <<'PY'
+import csv, json, os, sys
 work, out, thresholds, kinds, dec_t = sys.argv[1], sys.argv[2], sys.argv[3].split(","), sys.argv[4].split(), sys.argv[5]
-
-def load(path):
-    with open(path) as f:
-        return {(r["task"], r["index"]): r for r in map(json.loads, f) if r}
-
-def mean_se(xs):
-    n = len(xs)
-    m = sum(xs) / n
-    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1) / n) if n > 1 else float("nan")
+sys.path.insert(0, sys.argv[6])
+from paired_by_task import load, mean_se  # samples.jsonl by (task, index); paired mean and standard error
 
 full = load(os.path.join(work, f"suite-new-{kinds[0]}", "no_press", "samples.jsonl"))
 keys = sorted(full)

@@ -37,20 +37,25 @@ def main():
         sys.exit(__doc__)
     src = args[0]
     cells = args[1:] or sorted(c for c in os.listdir(src) if os.path.isfile(os.path.join(src, c, "summary.json")))
-    if reference:
-        cells = [c for c in cells if os.path.isfile(os.path.join(reference, c, "samples.jsonl"))]
-        if not cells:
-            sys.exit(f"paired_by_task: no cell of {src} has a finished counterpart in {reference}")
-    if not reference and not os.path.isfile(os.path.join(src, "no_press", "samples.jsonl")):
-        sys.exit(f"paired_by_task: {src} has no finished full-cache cell (no_press); use --reference")
-    first = os.path.join(reference or src, cells[0] if reference else "no_press", "samples.jsonl")
-    tasks = list(dict.fromkeys(t for t, _ in load(first)))  # the suite's order
+    full_path = os.path.join(src, "no_press", "samples.jsonl")
+    reference_of = (lambda c: os.path.join(reference, c, "samples.jsonl")) if reference else (lambda c: full_path)
+    cells = [c for c in cells if os.path.isfile(reference_of(c))]
+    if not cells:
+        sys.exit(f"paired_by_task: no cell of {src} has a finished reference "
+                 f"({'a cell of the same name in ' + reference if reference else 'the full-cache cell no_press'})")
+    references = {}  # path -> samples: the full cache is read once, not per cell
+
+    def reference_samples(c):
+        path = reference_of(c)
+        if path not in references:
+            references[path] = load(path)
+        return references[path]
+
+    tasks = list(dict.fromkeys(t for t, _ in reference_samples(cells[0])))  # the suite's order
     print("| cell | " + " | ".join(tasks) + " | all |")
     print("|---|" + "---:|" * (len(tasks) + 1))
-    full = None if reference else load(os.path.join(src, "no_press", "samples.jsonl"))
     for c in cells:
-        if reference:
-            full = load(os.path.join(reference, c, "samples.jsonl"))
+        full = reference_samples(c)
         rows = load(os.path.join(src, c, "samples.jsonl"))
         out = []
         for t in tasks + [None]:
