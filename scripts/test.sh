@@ -63,7 +63,11 @@ if [ "$fz" != 0 ] && [ -n "${KVZAP_FUZZ_START_BY:-}" ] && [ "$(date +%s)" -gt "$
   skipped=$((skipped + 1))
 elif [ "$fz" != 0 ]; then
   echo "== fuzz: every harness for ${fz}s"
-  if ! bash scripts/fuzz.sh "$fz"; then failed=$((failed + 1)); echo "!! FAILED: fuzzing"; fi
+  # Appends this pass to a copy of the project's ledger and prints the accumulated totals (scripts/
+  # fuzz_totals.sh), so the ledger format is checked on every run; fuzz/ledger.tsv itself is not touched.
+  fz_ledger="${KVZAP_FUZZ_BUILD_DIR:-build-fuzz}/ledger.tsv"
+  mkdir -p "$(dirname "$fz_ledger")" && cp fuzz/ledger.tsv "$fz_ledger"
+  if ! KVZAP_FUZZ_LEDGER="$fz_ledger" bash scripts/fuzz.sh "$fz"; then failed=$((failed + 1)); echo "!! FAILED: fuzzing"; fi
 else
   echo "SKIPPED: fuzzing (KVZAP_FUZZ_SECONDS=N runs every harness for N seconds)"
   skipped=$((skipped + 1))
