@@ -23,6 +23,11 @@ int& call_line() {
   throw Error("chat template: " + msg + (line > 0 ? " at line " + std::to_string(line) : ""));
 }
 
+void check_size(size_t n, size_t limit, const char* what, int line) {
+  if (n > limit)
+    fail(line, std::string(what) + " too large (" + std::to_string(n) + ", the limit is " + std::to_string(limit) + ")");
+}
+
 Value invoke(const Value& fn, const CallArgs& args, int line) {
   const CallLine at(line);
   return fn.fn()(args);
@@ -963,10 +968,14 @@ class Renderer {
 
   Flow exec(const Node& n, Scope& sc, std::string& out) {
     switch (n.kind) {
-      case NK::Text: out += n.literal.str(); return Flow::Normal;
+      case NK::Text:
+        check_size(out.size() + n.literal.str().size(), kMaxStringBytes, "rendered output", n.line);
+        out += n.literal.str();
+        return Flow::Normal;
       case NK::Output: {
-        const Value v = eval(*n.a[0], sc);
-        out += v.to_str();
+        const std::string text = eval(*n.a[0], sc).to_str();
+        check_size(out.size() + text.size(), kMaxStringBytes, "rendered output", n.line);
+        out += text;
         return Flow::Normal;
       }
       case NK::Body: return exec(n.bodies[0], sc, out);
@@ -1000,7 +1009,9 @@ class Renderer {
         std::string s;
         Scope inner(&sc);
         exec(n.bodies[0], inner, s);
-        out += apply_filter(n, Value(s), sc).to_str();
+        const std::string text = apply_filter(n, Value(s), sc).to_str();
+        check_size(out.size() + text.size(), kMaxStringBytes, "rendered output", n.line);
+        out += text;
         return Flow::Normal;
       }
       case NK::Macro: {
@@ -1173,7 +1184,11 @@ class Renderer {
       }
       case NK::Concat: {
         std::string s;
-        for (const NodePtr& e : n.a) s += eval(*e, sc).to_str();
+        for (const NodePtr& e : n.a) {
+          const std::string part = eval(*e, sc).to_str();
+          check_size(s.size() + part.size(), kMaxStringBytes, "string", n.line);
+          s += part;
+        }
         return Value(s);
       }
       case NK::Binary: return binary_op(n.name, eval(*n.a[0], sc), eval(*n.a[1], sc), n.line);

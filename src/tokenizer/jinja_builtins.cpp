@@ -707,8 +707,12 @@ Value binary_op(const std::string& op, const Value& l, const Value& r, int line)
   auto multiply = [](int64_t a, int64_t b, int64_t* v) { return __builtin_mul_overflow(a, b, v); };
   if (op == "+") {
     if (nums) return any_float ? Value(l.as_double() + r.as_double()) : int_op(add);
-    if (l.is_string() && r.is_string()) return Value(l.str() + r.str());
+    if (l.is_string() && r.is_string()) {
+      check_size(l.str().size() + r.str().size(), kMaxStringBytes, "string", line);
+      return Value(l.str() + r.str());
+    }
     if (l.is_array() && r.is_array() && l.is_tuple() == r.is_tuple()) {
+      check_size(l.arr().size() + r.arr().size(), kMaxArrayItems, "list", line);
       Array out = l.arr();
       out.insert(out.end(), r.arr().begin(), r.arr().end());
       return Value::array(std::move(out), l.is_tuple());
@@ -725,12 +729,20 @@ Value binary_op(const std::string& op, const Value& l, const Value& r, int line)
     const Value* cnt = seq == &l ? &r : &l;
     if (!seq || !cnt->is_number() || cnt->is_float()) return type_error();
     const int64_t times = std::max<int64_t>(0, cnt->as_int());
+    // Checked before building: the product itself may overflow size_t.
+    const size_t unit = seq->is_string() ? seq->str().size() : seq->arr().size();
+    size_t total = 0;
+    if (__builtin_mul_overflow(unit, static_cast<uint64_t>(times), &total)) total = SIZE_MAX;
+    check_size(total, seq->is_string() ? kMaxStringBytes : kMaxArrayItems, seq->is_string() ? "string" : "list",
+               line);
     if (seq->is_string()) {
       std::string out;
+      out.reserve(total);
       for (int64_t k = 0; k < times; k++) out += seq->str();
       return Value(out);
     }
     Array out;
+    out.reserve(total);
     for (int64_t k = 0; k < times; k++) out.insert(out.end(), seq->arr().begin(), seq->arr().end());
     return Value::array(std::move(out), seq->is_tuple());
   }
@@ -1009,7 +1021,9 @@ Value call_filter(const std::string& name, const Value& v, const CallArgs& a, in
   }
   if (f == "indent") {
     const Value* w = arg(a, 0, "width");
-    const std::string ind = w && w->is_string() ? w->str() : std::string((size_t)(w ? std::max<int64_t>(0, w->as_int()) : 4), ' ');
+    const int64_t width = w && !w->is_string() ? std::max<int64_t>(0, w->as_int()) : 4;
+    check_size(static_cast<uint64_t>(width), kMaxStringBytes, "indent width", 0);
+    const std::string ind = w && w->is_string() ? w->str() : std::string(static_cast<size_t>(width), ' ');
     const bool first = arg_bool(a, 1, "first", false), blank = arg_bool(a, 2, "blank", false);
     const Value lines = py_splitlines(v.to_str() + "\n", false);
     std::string rv;

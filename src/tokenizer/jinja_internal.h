@@ -12,6 +12,13 @@ namespace kvzap::jinja {
 // Throws kvzap::Error("chat template: <msg> at line <line>"); line 0 = the line of the call being run.
 [[noreturn]] void fail(int line, const std::string& msg);
 
+// Size limits on what a template can build: Python would grow until MemoryError, we refuse with a clear
+// error instead (a chat prompt is at most a few MB of text; `'x' * 10**11` must not take the process down).
+constexpr size_t kMaxStringBytes = size_t{64} << 20;  // any string value and the rendered output
+constexpr size_t kMaxArrayItems = 100000;             // the same bound as range()
+// Fails with "... too large" unless n <= limit.
+void check_size(size_t n, size_t limit, const char* what, int line);
+
 // Sets the line fail(0, ...) reports while a function, filter or test runs (restored on exit).
 // (Behind a function, not an extern thread_local: GCC 12's UBSan reports every store through the TLS
 // wrapper of an extern thread_local int as a store to a null pointer.)

@@ -130,6 +130,18 @@ TEST(Jinja, IntegerOverflowIsAnError) {
     EXPECT_TRUE(contains(render_error(t), "integer overflow in")) << t;
 }
 
+// Found by fuzz_jinja (stop 27): `99999999999 * 'str'` asked for a 2 GB string. Values and the output are
+// capped (jinja_internal.h) with a clear error, below which repetition and concatenation still work.
+TEST(Jinja, HugeStringsAndListsAreAnError) {
+  EXPECT_EQ(R("{{ 'ab' * 3 }} {{ 2 * 'c' }} {{ [1] * 2 }} {{ 'x' * -1 }}|{{ ('y' * 1000) | length }}"),
+            "ababab cc [1, 1] |1000");
+  for (const char* t : {"{{ 99999999999 * ('%d %b 5Y') }}", "{{ 'ab' * 9223372036854775807 }}",
+                        "{{ [1, 2] * 100000 }}", "{% set s = 'x' * 40000000 %}{{ s ~ s }}",
+                        "{% set s = 'x' * 40000000 %}{{ s + s }}", "{% set s = 'x' * 40000000 %}{{ s }}{{ s }}",
+                        "{{ 'a' | indent(99999999999) }}"})
+    EXPECT_TRUE(contains(render_error(t), "too large")) << t;
+}
+
 TEST(Jinja, LogicAndComparisons) {
   EXPECT_EQ(R("{{ 1 == 1.0 }}{{ true == 1 }}{{ [1] == [1] }}{{ {'a': 1} == {'a': 1} }}{{ (1,) == [1] }}"),
             "TrueTrueTrueTrueFalse");
