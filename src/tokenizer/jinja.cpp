@@ -966,16 +966,19 @@ class Renderer {
     return Flow::Normal;
   }
 
+  // Every write to the rendered output goes through here, so its size cap is checked in one place.
+  static void emit(std::string& out, const std::string& text, int line) {
+    check_size(out.size() + text.size(), kMaxStringBytes, "rendered output", line);
+    out += text;
+  }
+
   Flow exec(const Node& n, Scope& sc, std::string& out) {
     switch (n.kind) {
       case NK::Text:
-        check_size(out.size() + n.literal.str().size(), kMaxStringBytes, "rendered output", n.line);
-        out += n.literal.str();
+        emit(out, n.literal.str(), n.line);
         return Flow::Normal;
       case NK::Output: {
-        const std::string text = eval(*n.a[0], sc).to_str();
-        check_size(out.size() + text.size(), kMaxStringBytes, "rendered output", n.line);
-        out += text;
+        emit(out, eval(*n.a[0], sc).to_str(), n.line);
         return Flow::Normal;
       }
       case NK::Body: return exec(n.bodies[0], sc, out);
@@ -1009,9 +1012,7 @@ class Renderer {
         std::string s;
         Scope inner(&sc);
         exec(n.bodies[0], inner, s);
-        const std::string text = apply_filter(n, Value(s), sc).to_str();
-        check_size(out.size() + text.size(), kMaxStringBytes, "rendered output", n.line);
-        out += text;
+        emit(out, apply_filter(n, Value(s), sc).to_str(), n.line);
         return Flow::Normal;
       }
       case NK::Macro: {

@@ -1109,7 +1109,7 @@ void add_globals(std::unordered_map<std::string, Value>& vars) {
     Array out;
     for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
       out.emplace_back(k);
-      if (out.size() > 100000) fail(0, "range too big");
+      if (out.size() > kMaxArrayItems) fail(0, "range too big");
     }
     return Value::array(std::move(out));
   });
