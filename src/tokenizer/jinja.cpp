@@ -28,9 +28,75 @@ void check_size(size_t n, size_t limit, const char* what, int line) {
     fail(line, std::string(what) + " too large (" + std::to_string(n) + ", the limit is " + std::to_string(limit) + ")");
 }
 
+namespace {
+// What the render running on this thread may still spend, and the namespaces it made. limit == 0:
+// no render is running, nothing is counted.
+struct RenderState {
+  uint64_t limit = 0, left = 0;
+  std::vector<Value>* namespaces = nullptr;
+};
+// (Behind a function for the reason call_line() is.)
+RenderState& render_state() {
+  thread_local RenderState state;
+  return state;
+}
+}  // namespace
+
+void spend(uint64_t steps, int line) {
+  RenderState& st = render_state();
+  if (st.limit == 0) return;
+  if (steps <= st.left) {
+    st.left -= steps;
+    return;
+  }
+  st.left = 0;
+  fail(line, "the template did more than " + std::to_string(st.limit) +
+                 " steps of work (a loop that does not end, or values built too large)");
+}
+
+uint64_t size_steps(const Value& v) {
+  switch (v.kind()) {
+    case Value::Kind::String: return 1 + v.str().size() / kBytesPerStep;
+    case Value::Kind::Array: return 1 + v.arr().size();
+    case Value::Kind::Object: return 1 + v.obj().items.size();
+    default: return 1;
+  }
+}
+
+uint64_t text_steps(const Value& v) { return v.is_string() ? size_steps(v) : 1; }
+
+uint64_t args_steps(const CallArgs& a) {
+  uint64_t n = 0;
+  for (const Value& v : a.args) n += text_steps(v);
+  for (const auto& kv : a.kwargs) n += text_steps(kv.second);
+  return n;
+}
+
+void spend_result(const Value& v, int line) {
+  if (!v.is_string()) return;
+  check_size(v.str().size(), kMaxStringBytes, "string", line);
+  spend(size_steps(v), line);
+}
+
+void append_checked(std::string& out, std::string_view part, const char* what, int line) {
+  check_size(out.size() + part.size(), kMaxStringBytes, what, line);
+  spend(part.size() / kBytesPerStep, line);
+  out += part;
+}
+
+void register_namespace(const Value& ns, int line) {
+  std::vector<Value>* all = render_state().namespaces;
+  if (!all) return;
+  if (all->size() >= kMaxArrayItems) fail(line, "too many namespaces (the limit is " + std::to_string(kMaxArrayItems) + ")");
+  all->push_back(ns);
+}
+
 Value invoke(const Value& fn, const CallArgs& args, int line) {
   const CallLine at(line);
-  return fn.fn()(args);
+  spend(1 + args_steps(args), line);
+  Value out = fn.fn()(args);
+  spend_result(out, line);
+  return out;
 }
 
 namespace {
@@ -957,6 +1023,9 @@ class Renderer {
  public:
   Scope* top = nullptr;  // the template's own scope (macros resolve names from here)
   int depth = 0;
+  // A loop iteration or a macro call builds a scope (and the 12-entry loop object): it costs about as
+  // much as eight expressions.
+  static constexpr uint64_t kStepsPerIteration = 8;
 
   Flow exec(const NodeList& body, Scope& sc, std::string& out) {
     for (const NodePtr& n : body) {
@@ -967,12 +1036,10 @@ class Renderer {
   }
 
   // Every write to the rendered output goes through here, so its size cap is checked in one place.
-  static void emit(std::string& out, const std::string& text, int line) {
-    check_size(out.size() + text.size(), kMaxStringBytes, "rendered output", line);
-    out += text;
-  }
+  static void emit(std::string& out, const std::string& text, int line) { append_checked(out, text, "rendered output", line); }
 
   Flow exec(const Node& n, Scope& sc, std::string& out) {
+    spend(1, n.line);
     switch (n.kind) {
       case NK::Text:
         emit(out, n.literal.str(), n.line);
@@ -1052,6 +1119,7 @@ class Renderer {
     }
     const int64_t len = (int64_t)items.size();
     for (int64_t k = 0; k < len; k++) {
+      spend(kStepsPerIteration, n.line);
       Scope it(&sc);
       assign(n.targets, items[(size_t)k], it, n.line);
       Object loop;
@@ -1083,6 +1151,7 @@ class Renderer {
 
   Value call_macro(const Node& def, const CallArgs& args) {
     if (++depth > 200) fail(def.line, "macro recursion too deep");
+    spend(kStepsPerIteration, def.line);
     Scope sc(top);
     size_t k = 0;
     Array extra;
@@ -1113,6 +1182,7 @@ class Renderer {
   }
 
   Value eval(const Node& n, Scope& sc) {
+    spend(1, n.line);
     switch (n.kind) {
       case NK::Literal: return n.literal;
       case NK::Name: {
@@ -1186,9 +1256,7 @@ class Renderer {
       case NK::Concat: {
         std::string s;
         for (const NodePtr& e : n.a) {
-          const std::string part = eval(*e, sc).to_str();
-          check_size(s.size() + part.size(), kMaxStringBytes, "string", n.line);
-          s += part;
+          append_checked(s, eval(*e, sc).to_str(), "string", n.line);
         }
         return Value(s);
       }
@@ -1241,7 +1309,53 @@ Template::~Template() = default;
 Template::Template(Template&&) noexcept = default;
 Template& Template::operator=(Template&&) noexcept = default;
 
-std::string Template::render(const Object& vars) const {
+namespace {
+// Steps of input, for the default budget: what the template has to read at least once.
+uint64_t input_steps(const Value& v) {
+  uint64_t n = size_steps(v);
+  if (v.is_array())
+    for (const Value& e : v.arr()) n += input_steps(e);
+  else if (v.is_object() && !v.is_namespace())
+    for (const auto& kv : v.obj().items) n += 1 + kv.first.size() / kBytesPerStep + input_steps(kv.second);
+  return n;
+}
+
+// Installs a render's budget and namespace list on this thread for its lifetime. On the way out it
+// empties every namespace first, then lets them go: nothing a namespace held can then lead to another
+// namespace, so cycles are freed and no destructor recurses deeper than kMaxNesting.
+class RenderScope {
+ public:
+  explicit RenderScope(uint64_t max_steps) : saved_(render_state()) {
+    render_state() = RenderState{std::max<uint64_t>(max_steps, 1), std::max<uint64_t>(max_steps, 1), &namespaces_};
+  }
+  ~RenderScope() {
+    std::vector<Object> contents;
+    contents.reserve(namespaces_.size());
+    for (Value& ns : namespaces_) contents.push_back(std::move(ns.obj()));
+    render_state() = saved_;
+  }
+  RenderScope(const RenderScope&) = delete;
+  RenderScope& operator=(const RenderScope&) = delete;
+
+ private:
+  RenderState saved_;
+  std::vector<Value> namespaces_;
+};
+}  // namespace
+
+uint64_t Template::default_budget(const Object& vars) {
+  uint64_t input = 0;
+  for (const auto& kv : vars.items) input += input_steps(kv.second);
+  uint64_t budget = 0;
+  if (__builtin_mul_overflow(input, kRenderStepsPerInputStep, &budget) || __builtin_add_overflow(budget, kRenderBaseSteps, &budget))
+    budget = UINT64_MAX;
+  return budget;
+}
+
+std::string Template::render(const Object& vars) const { return render(vars, default_budget(vars)); }
+
+std::string Template::render(const Object& vars, uint64_t max_steps) const {
+  const RenderScope scope(max_steps);
   Scope globals(nullptr);
   add_globals(globals.vars);
   for (const auto& kv : vars.items) globals.vars[kv.first] = kv.second;

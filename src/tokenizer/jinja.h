@@ -76,6 +76,9 @@ class Value {
   Object& obj() { return *o_; }
   const Function& fn() const { return *fn_; }
   const std::string& hint() const { return name_; }  // undefined: what was looked up; function: its name
+  // Levels of lists and dicts: 0 for a scalar, 1 + the deepest item for a list or dict. A namespace is
+  // 1 whatever it holds (nothing recurses into one: repr prints <Namespace>, == compares identity).
+  uint32_t depth() const { return depth_; }
 
   bool truthy() const;                    // Python truthiness (Undefined is false)
   std::string to_str() const;             // Python str() (what {{ }} prints; Undefined prints "")
@@ -86,6 +89,7 @@ class Value {
  private:
   Kind kind_ = Kind::Undefined;
   bool b_ = false, tuple_ = false, namespace_ = false;
+  uint32_t depth_ = 0;
   int64_t i_ = 0;
   double f_ = 0;
   std::shared_ptr<std::string> s_;
@@ -123,8 +127,15 @@ class Template {
   Template& operator=(Template&&) noexcept;
 
   // Renders with these variables on top of the globals (range, namespace, dict, raise_exception,
-  // strftime_now). Throws kvzap::Error for a runtime error, raise_exception() included.
+  // strftime_now). Throws kvzap::Error for a runtime error, raise_exception() included, and when the
+  // render goes over its work budget: kRenderBaseSteps plus kRenderStepsPerInputStep for every step of
+  // input (a byte of text counts 1/8 of a step, a list or dict item 1), so a template that loops forever
+  // on nothing ends within about a second even under ASan, while a conversation of any size renders.
   std::string render(const Object& vars) const;
+  std::string render(const Object& vars, uint64_t max_steps) const;  // with an explicit budget
+  static uint64_t default_budget(const Object& vars);                 // what render(vars) allows
+  static constexpr uint64_t kRenderBaseSteps = 1'000'000;
+  static constexpr uint64_t kRenderStepsPerInputStep = 128;  // tests/golden templates spend at most ~25
 
  private:
   std::unique_ptr<Node> root_;

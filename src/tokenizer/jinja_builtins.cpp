@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdint>
 #include <ctime>
+#include <cstring>
+#include <string_view>
 
 #include "kvzap/error.h"
 #include "tokenizer/jinja_internal.h"
@@ -53,6 +55,41 @@ std::string from_cps(const std::vector<uint32_t>& cps, size_t b, size_t e) {
   for (size_t i = b; i < e; i++) append_cp(out, cps[i]);
   return out;
 }
+
+// Substring search in time linear in the haystack, as Python's is: std::string::find compares about
+// haystack x needle bytes in the worst case ('a' * 10**5 + 'b' in 'a' * 10**6), so needles longer than
+// kShortNeedle go to glibc's memmem (the two-way algorithm: linear). rfind runs it on reversed copies.
+constexpr size_t kShortNeedle = 32;
+
+size_t find_in(std::string_view hay, std::string_view needle, size_t from) {
+  if (from > hay.size()) return std::string_view::npos;
+  if (needle.size() <= kShortNeedle) return hay.find(needle, from);
+  const void* at = memmem(hay.data() + from, hay.size() - from, needle.data(), needle.size());
+  return at ? (size_t)(static_cast<const char*>(at) - hay.data()) : std::string_view::npos;
+}
+
+// Repeated rfind over one haystack (rsplit): the reversed copies are made once.
+class ReverseFinder {
+ public:
+  ReverseFinder(std::string_view hay, std::string_view needle) : hay_(hay), needle_(needle) {
+    if (needle.size() > kShortNeedle) {
+      rhay_.assign(hay.rbegin(), hay.rend());
+      rneedle_.assign(needle.rbegin(), needle.rend());
+    }
+  }
+  // Last start <= last_start, or npos.
+  size_t rfind(size_t last_start) const {
+    if (needle_.size() <= kShortNeedle) return hay_.rfind(needle_, last_start);
+    if (needle_.size() > hay_.size()) return std::string_view::npos;
+    const size_t end = std::min(last_start, hay_.size() - needle_.size()) + needle_.size();  // one past the match
+    const size_t r = find_in(rhay_, rneedle_, hay_.size() - end);  // the match's end, counted from the back
+    return r == std::string_view::npos ? r : hay_.size() - r - needle_.size();
+  }
+
+ private:
+  std::string_view hay_, needle_;
+  std::string rhay_, rneedle_;
+};
 
 int64_t cp_count(const std::string& s) {
   if (is_ascii(s)) return (int64_t)s.size();
@@ -101,10 +138,9 @@ std::string py_capitalize(const std::string& s) {
 std::string py_strip(const std::string& s, const Value* chars, int which) {
   const bool custom = chars && !chars->is_none() && !chars->is_undefined();
   if (custom && !chars->is_string()) fail(0, "strip arg must be None or str");
-  const std::vector<uint32_t> set = custom ? to_cps(chars->str()) : std::vector<uint32_t>{};
-  auto strip_it = [&](uint32_t cp) {
-    return custom ? std::find(set.begin(), set.end(), cp) != set.end() : is_space_cp(cp);
-  };
+  std::vector<uint32_t> set = custom ? to_cps(chars->str()) : std::vector<uint32_t>{};
+  std::sort(set.begin(), set.end());  // a binary search per code point: chars may be long too
+  auto strip_it = [&](uint32_t cp) { return custom ? std::binary_search(set.begin(), set.end(), cp) : is_space_cp(cp); };
   size_t b = 0, e = s.size();
   if (which & 1)
     while (b < e && strip_it(decode_cp(s, b))) b += cp_len(s, b);
@@ -128,6 +164,7 @@ Value py_split(const std::string& s, const Value* sep, int64_t maxsplit, bool fr
       if (i >= s.size()) break;
       size_t j = i;
       while (j < s.size() && !is_space_cp(decode_cp(s, j))) j += cp_len(s, j);
+      spend(1, 0);  // every word becomes a list item
       words.emplace_back(i, j);
       i = j;
     }
@@ -148,13 +185,18 @@ Value py_split(const std::string& s, const Value* sep, int64_t maxsplit, bool fr
   if (d.empty()) fail(0, "empty separator");
   std::vector<size_t> cuts;
   if (!from_right) {
-    for (size_t p = s.find(d); p != std::string::npos && (maxsplit < 0 || (int64_t)cuts.size() < maxsplit); p = s.find(d, p + d.size()))
+    for (size_t p = find_in(s, d, 0); p != std::string::npos && (maxsplit < 0 || (int64_t)cuts.size() < maxsplit);
+         p = find_in(s, d, p + d.size())) {
+      spend(1, 0);  // every cut makes a list item
       cuts.push_back(p);
+    }
   } else {
+    const ReverseFinder finder(s, d);
     size_t end = s.size();
     while ((maxsplit < 0 || (int64_t)cuts.size() < maxsplit) && end >= d.size()) {
-      const size_t p = s.rfind(d, end - d.size());
+      const size_t p = finder.rfind(end - d.size());
       if (p == std::string::npos) break;
+      spend(1, 0);
       cuts.push_back(p);
       end = p;
     }
@@ -169,31 +211,34 @@ Value py_split(const std::string& s, const Value* sep, int64_t maxsplit, bool fr
   return Value::array(std::move(parts));
 }
 
+// The result can be far longer than s ('a' * 10**6).replace('a', 'a' * 1000): every append is checked.
 std::string py_replace(const std::string& s, const std::string& old, const std::string& with, int64_t count) {
   std::string out;
+  auto put = [&](std::string_view text) { append_checked(out, text, "string", 0); };
+  const std::string_view all(s);
   if (old.empty()) {
     int64_t done = 0;
     for (size_t i = 0; i <= s.size();) {
       if (count < 0 || done < count) {
-        out += with;
+        put(with);
         done++;
       }
       if (i == s.size()) break;
       const size_t l = cp_len(s, i);
-      out.append(s, i, l);
+      put(all.substr(i, l));
       i += l;
     }
     return out;
   }
   size_t from = 0;
   int64_t done = 0;
-  for (size_t p = s.find(old); p != std::string::npos && (count < 0 || done < count); p = s.find(old, from)) {
-    out.append(s, from, p - from);
-    out += with;
+  for (size_t p = find_in(s, old, 0); p != std::string::npos && (count < 0 || done < count); p = find_in(s, old, from)) {
+    put(all.substr(from, p - from));
+    put(with);
     from = p + old.size();
     done++;
   }
-  out.append(s, from, std::string::npos);
+  put(all.substr(from));
   return out;
 }
 
@@ -211,6 +256,7 @@ Value py_splitlines(const std::string& s, bool keepends) {
     }
     size_t e = i + l;
     if (cp == '\r' && e < s.size() && s[e] == '\n') e++;
+    spend(1, 0);  // every line becomes a list item
     lines.emplace_back(s.substr(b, (keepends ? e : i) - b));
     b = i = e;
   }
@@ -262,8 +308,12 @@ std::string attr_hint(const Value& obj, const std::string& name) {
   return "'" + obj.type_name() + " object' has no attribute '" + name + "'";
 }
 
+// A bound method; calling it spends the size of self (the methods take time in proportion to it).
 Value method(const Value& self, const std::string& name, std::function<Value(const Value&, const CallArgs&)> f) {
-  return Value::function(name, [self, f](const CallArgs& a) { return f(self, a); });
+  return Value::function(name, [self, f](const CallArgs& a) {
+    spend(size_steps(self), 0);
+    return f(self, a);
+  });
 }
 
 [[noreturn]] void unsafe(const Value& obj, const std::string& name, int line) {
@@ -316,10 +366,10 @@ Value str_method(const Value& self, const std::string& name) {
       if (name == "count") {
         if (sub.empty()) return Value(cp_count(str) + 1);
         int64_t n = 0;
-        for (size_t p = str.find(sub); p != std::string::npos; p = str.find(sub, p + sub.size())) n++;
+        for (size_t p = find_in(str, sub, 0); p != std::string::npos; p = find_in(str, sub, p + sub.size())) n++;
         return Value(n);
       }
-      const size_t p = name[0] == 'r' ? str.rfind(sub) : str.find(sub);
+      const size_t p = name[0] == 'r' ? ReverseFinder(str, sub).rfind(std::string::npos) : find_in(str, sub, 0);
       if (p == std::string::npos) {
         if (name == "index" || name == "rindex") fail(0, "substring not found");
         return Value(-1);
@@ -335,9 +385,9 @@ Value str_method(const Value& self, const std::string& name) {
       bool first = true;
       for (const Value& e : iterate_value(*it, 0)) {
         if (!e.is_string()) fail(0, "sequence item: expected str instance, " + e.type_name() + " found");
-        if (!first) out += s.str();
+        if (!first) append_checked(out, s.str(), "string", 0);
         first = false;
-        out += e.str();
+        append_checked(out, e.str(), "string", 0);
       }
       return Value(out);
     });
@@ -452,6 +502,7 @@ Value index_seq(const Value& obj, int64_t idx) {
 
 // Python's ordering for <, >, sorting and min/max.
 int py_cmp(const Value& l, const Value& r, int line) {
+  spend(1, line);
   if (l.is_undefined()) undefined_error(l, line);
   if (r.is_undefined()) undefined_error(r, line);
   if (l.is_number() && r.is_number()) {
@@ -494,8 +545,8 @@ std::string percent_format(const std::string& fmt, const Value& args, int line) 
     }
     if (next >= list.size()) fail(line, "not enough arguments for format string");
     const Value& v = list[next++];
-    if (c == 's') out += v.to_str();
-    else if (c == 'r') out += v.repr();
+    if (c == 's') append_checked(out, v.to_str(), "string", line);
+    else if (c == 'r') append_checked(out, v.repr(), "string", line);
     else if (c == 'd' || c == 'i') {
       if (!v.is_number()) fail(line, "%d format: a real number is required, not " + v.type_name());
       out += std::to_string(v.is_float() ? (int64_t)std::trunc(v.as_double()) : v.as_int());
@@ -574,16 +625,19 @@ Value sort_key(const Value& v, bool case_sensitive) {
 }  // namespace
 
 // Python iteration: an array, a mapping's keys, a string's code points; undefined is empty.
+// Spends one step per item before making them (a 64 MiB string would be 64 M values).
 Array iterate_value(const Value& v, int line) {
   switch (v.kind()) {
     case Value::Kind::Undefined: return {};
-    case Value::Kind::Array: return v.arr();
+    case Value::Kind::Array: spend(v.arr().size(), line); return v.arr();
     case Value::Kind::Object: {
+      spend(v.obj().items.size(), line);
       Array keys;
       for (const auto& kv : v.obj().items) keys.emplace_back(kv.first);
       return keys;
     }
     case Value::Kind::String: {
+      spend(v.str().size(), line);
       Array chars;
       const std::string& s = v.str();
       for (size_t i = 0; i < s.size(); i += cp_len(s, i)) chars.emplace_back(s.substr(i, cp_len(s, i)));
@@ -598,6 +652,7 @@ Array iterate_value(const Value& v, int line) {
 // Access
 
 Value get_attr(const Value& obj, const std::string& name, int line) {
+  if (obj.is_object()) spend(size_steps(obj), line);  // a linear search of the keys
   switch (obj.kind()) {
     case Value::Kind::Undefined: undefined_error(obj, line);
     case Value::Kind::Object: {
@@ -617,6 +672,7 @@ Value get_attr(const Value& obj, const std::string& name, int line) {
 }
 
 Value get_item(const Value& obj, const Value& key, int line) {
+  if (obj.is_object() || obj.is_string()) spend(size_steps(obj), line);  // key search; code point indexing
   switch (obj.kind()) {
     case Value::Kind::Undefined: undefined_error(obj, line);
     case Value::Kind::Object: {
@@ -688,7 +744,7 @@ Value slice(const Value& obj, const Value& start, const Value& stop, const Value
 // ------------------------------------------------------------------------------------------------
 // Operators
 
-Value binary_op(const std::string& op, const Value& l, const Value& r, int line) {
+static Value run_binary_op(const std::string& op, const Value& l, const Value& r, int line) {
   if (l.is_undefined()) undefined_error(l, line);
   if (r.is_undefined()) undefined_error(r, line);
   auto type_error = [&]() -> Value {
@@ -795,7 +851,16 @@ Value binary_op(const std::string& op, const Value& l, const Value& r, int line)
   fail(line, "unsupported operator '" + op + "'");
 }
 
+Value binary_op(const std::string& op, const Value& l, const Value& r, int line) {
+  spend(text_steps(l) + text_steps(r), line);
+  Value out = run_binary_op(op, l, r, line);
+  spend_result(out, line);
+  if (out.is_array()) spend(out.arr().size(), line);  // + and * built it
+  return out;
+}
+
 bool compare_op(const std::string& op, const Value& l, const Value& r, int line) {
+  spend(text_steps(l) + text_steps(r), line);
   if (op == "==") return l.equals(r);
   if (op == "!=") return !l.equals(r);
   if (op == "in" || op == "not in") {
@@ -804,7 +869,7 @@ bool compare_op(const std::string& op, const Value& l, const Value& r, int line)
       case Value::Kind::Undefined: found = false; break;
       case Value::Kind::String:
         if (!l.is_string()) fail(line, "'in <string>' requires string as left operand, not " + l.type_name());
-        found = r.str().find(l.str()) != std::string::npos;
+        found = find_in(r.str(), l.str(), 0) != std::string::npos;
         break;
       case Value::Kind::Array:
         for (const Value& e : r.arr())
@@ -829,8 +894,7 @@ bool compare_op(const std::string& op, const Value& l, const Value& r, int line)
 // ------------------------------------------------------------------------------------------------
 // Filters
 
-Value call_filter(const std::string& name, const Value& v, const CallArgs& a, int line) {
-  const CallLine at(line);
+static Value run_filter(const std::string& name, const Value& v, const CallArgs& a, int line) {
   const std::string& f = name;
   if (f == "trim") return Value(py_strip(v.to_str(), arg(a, 0, "chars"), 3));
   if (f == "tojson") {
@@ -876,21 +940,26 @@ Value call_filter(const std::string& name, const Value& v, const CallArgs& a, in
     std::string out;
     bool first = true;
     for (const Value& e : iterate_value(v, line)) {
-      if (!first) out += sep;
+      if (!first) append_checked(out, sep, "string", line);
       first = false;
-      out += (attr && !attr->is_none() ? attribute_path(e, attr->to_str(), line) : e).to_str();
+      append_checked(out, (attr && !attr->is_none() ? attribute_path(e, attr->to_str(), line) : e).to_str(), "string", line);
     }
     return Value(out);
   }
   if (f == "items") {
     if (v.is_undefined()) return Value::array();
     if (!v.is_object() || v.is_namespace()) fail(line, "items filter: can only get item pairs from a mapping, not " + v.type_name());
+    spend(v.obj().items.size(), line);
     Array out;
     for (const auto& kv : v.obj().items) out.push_back(Value::array({Value(kv.first), kv.second}, true));
     return Value::array(std::move(out));
   }
   if (f == "list") return Value::array(iterate_value(v, line));
   if (f == "first" || f == "last") {
+    if (v.is_array()) {  // O(1), as jinja2's first (next(iter)) and last (reversed) are on a list
+      if (v.arr().empty()) return Value::undefined("no " + f + " item, sequence was empty");
+      return f == "first" ? v.arr().front() : v.arr().back();
+    }
     const Array items = iterate_value(v, line);
     if (items.empty()) return Value::undefined("no " + f + " item, sequence was empty");
     return f == "first" ? items.front() : items.back();
@@ -1001,6 +1070,7 @@ Value call_filter(const std::string& name, const Value& v, const CallArgs& a, in
     Array items;
     if (dict) {
       if (!v.is_object()) fail(line, "dictsort: not a mapping");
+      spend(v.obj().items.size(), line);
       for (const auto& kv : v.obj().items) items.push_back(Value::array({Value(kv.first), kv.second}, true));
     } else {
       items = iterate_value(v, line);
@@ -1027,17 +1097,27 @@ Value call_filter(const std::string& name, const Value& v, const CallArgs& a, in
     const bool first = arg_bool(a, 1, "first", false), blank = arg_bool(a, 2, "blank", false);
     const Value lines = py_splitlines(v.to_str() + "\n", false);
     std::string rv;
+    auto put = [&](std::string_view text) { append_checked(rv, text, "string", line); };
+    if (first) put(ind);
     const Array& ls = lines.arr();
-    if (blank) {
-      for (size_t k = 0; k < ls.size(); k++) rv += (k ? "\n" + ind : "") + ls[k].str();
-    } else if (!ls.empty()) {
-      rv = ls[0].str();
-      for (size_t k = 1; k < ls.size(); k++) rv += "\n" + (ls[k].str().empty() ? "" : ind + ls[k].str());
+    for (size_t k = 0; k < ls.size(); k++) {
+      if (k) put("\n");
+      if (k && (blank || !ls[k].str().empty())) put(ind);
+      put(ls[k].str());
     }
-    return Value(first ? ind + rv : rv);
+    return Value(rv);
   }
   if (f == "wordcount") return Value((int64_t)py_split(v.to_str(), nullptr, -1, false).arr().size());
   fail(line, "unsupported filter '" + f + "'");
+}
+
+// Spends the string inputs' size before the filter runs and a string result's after (jinja_internal.h).
+Value call_filter(const std::string& name, const Value& v, const CallArgs& a, int line) {
+  const CallLine at(line);
+  spend(text_steps(v) + args_steps(a), line);
+  Value out = run_filter(name, v, a, line);
+  spend_result(out, line);
+  return out;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1045,6 +1125,7 @@ Value call_filter(const std::string& name, const Value& v, const CallArgs& a, in
 
 bool call_test(const std::string& name, const Value& v, const CallArgs& a, int line) {
   const CallLine at(line);
+  spend(text_steps(v) + args_steps(a), line);
   const std::string& t = name;
   auto other = [&]() -> const Value& {
     if (a.args.empty()) fail(line, "test '" + t + "' needs an argument");
@@ -1120,7 +1201,9 @@ void add_globals(std::unordered_map<std::string, Value>& vars) {
       for (const auto& kv : x.obj().items) o.set(kv.first, kv.second);
     }
     for (const auto& kv : a.kwargs) o.set(kv.first, kv.second);
-    return Value::object(std::move(o), true);
+    Value ns = Value::object(std::move(o), true);
+    register_namespace(ns, 0);
+    return ns;
   });
   vars["dict"] = Value::function("dict", [](const CallArgs& a) {
     Object o;

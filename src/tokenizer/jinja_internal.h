@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "tokenizer/jinja.h"
@@ -18,6 +19,31 @@ constexpr size_t kMaxStringBytes = size_t{64} << 20;  // any string value and th
 constexpr size_t kMaxArrayItems = 100000;             // the same bound as range()
 // Fails with "... too large" unless n <= limit.
 void check_size(size_t n, size_t limit, const char* what, int line);
+// Lists and dicts nest at most this deep (Python stops near 1000 with a RecursionError): repr, ==,
+// tojson and the destructors recurse once per level and must not run off the stack.
+constexpr uint32_t kMaxNesting = 1000;
+
+// Work budget. A render may spend a bounded number of steps (Template::render sets the budget on its
+// thread; outside a render nothing is counted). One step is about one node run or evaluated, one list
+// or dict item visited, or kBytesPerStep bytes of string visited or built. String built-ins are linear
+// in their text, so calls spend their string inputs' size up front (text_steps); lists and dicts are
+// spent where they are walked (iterate_value, ==, repr, tojson, methods), never just for being passed,
+// so `messages|length` in a loop over messages stays linear. An endless loop, or work exploding
+// through shared lists ([[0] * 100000] * 100000 | string), ends in a clear error instead of a hang.
+constexpr size_t kBytesPerStep = 8;  // 8 bytes of UTF-8 decoding (upper, slices, isalpha) cost about one node
+void spend(uint64_t steps, int line);
+uint64_t size_steps(const Value& v);  // shallow: 1 + string bytes / kBytesPerStep, or 1 + list / dict items
+uint64_t text_steps(const Value& v);  // size_steps for a string, 1 for anything else
+uint64_t args_steps(const CallArgs& a);  // text_steps of every argument
+// What a built-in returned: a string over kMaxStringBytes is an error, and its size is spent.
+void spend_result(const Value& v, int line);
+// out += part, within kMaxStringBytes (`what` names the string in the error) and spending its size.
+void append_checked(std::string& out, std::string_view part, const char* what, int line);
+// Keeps a namespace() made during the current render alive until the render ends, when its contents
+// are dropped: a namespace is the only mutable value, so it can hold itself (ns.x = [ns]) or chain
+// without bound (ns.prev.next = n); emptying them all at the end frees cycles and avoids deep destructor
+// recursion. Fails past kMaxArrayItems namespaces in one render.
+void register_namespace(const Value& ns, int line);
 
 // Sets the line fail(0, ...) reports while a function, filter or test runs (restored on exit).
 // (Behind a function, not an extern thread_local: GCC 12's UBSan reports every store through the TLS

@@ -9,6 +9,7 @@
 
 #include "kvzap/error.h"
 #include "tokenizer/jinja.h"
+#include "tokenizer/jinja_internal.h"
 #include "tokenizer/unicode_text.h"
 
 namespace kvzap::jinja {
@@ -57,10 +58,22 @@ Value Value::undefined(std::string hint) {
   return v;
 }
 
+namespace {
+// 1 + the deepest of these values, checked against kMaxNesting before the container exists.
+template <class It, class Get>
+uint32_t container_depth(It begin, It end, Get get) {
+  uint32_t d = 0;
+  for (It it = begin; it != end; ++it) d = std::max(d, get(*it).depth());
+  if (d + 1 > kMaxNesting) fail(0, "lists and dicts nested too deeply (the limit is " + std::to_string(kMaxNesting) + " levels)");
+  return d + 1;
+}
+}  // namespace
+
 Value Value::array(Array items, bool tuple) {
   Value v;
   v.kind_ = Kind::Array;
   v.tuple_ = tuple;
+  v.depth_ = container_depth(items.begin(), items.end(), [](const Value& e) -> const Value& { return e; });
   v.a_ = std::make_shared<Array>(std::move(items));
   return v;
 }
@@ -69,6 +82,7 @@ Value Value::object(Object o, bool is_namespace) {
   Value v;
   v.kind_ = Kind::Object;
   v.namespace_ = is_namespace;
+  v.depth_ = is_namespace ? 1 : container_depth(o.items.begin(), o.items.end(), [](const auto& kv) -> const Value& { return kv.second; });
   v.o_ = std::make_shared<Object>(std::move(o));
   return v;
 }
@@ -225,57 +239,68 @@ std::string json_string(const std::string& s, bool ensure_ascii) {
   return out + "\"";
 }
 
+// Appends json.dumps(v) to out; every write is size-checked and spends its steps (shared lists can make
+// the text far larger than the value's memory).
 void dump_to(const Value& v, const JsonStyle& st, int level, std::string& out) {
   const std::string item_sep = st.custom_separators ? st.item_sep : (st.indent >= 0 ? "," : ", ");
   const std::string key_sep = st.custom_separators ? st.key_sep : ": ";
+  auto put = [&](std::string_view text) { append_checked(out, text, "JSON text", 0); };
   auto newline = [&](int lv) {
-    if (st.indent >= 0) out += "\n" + std::string((size_t)(st.indent * lv), ' ');
+    if (st.indent < 0) return;
+    put("\n");
+    const size_t width = (size_t)st.indent * (size_t)lv;
+    check_size(out.size() + width, kMaxStringBytes, "JSON text", 0);
+    spend(width / kBytesPerStep, 0);
+    out.append(width, ' ');
   };
+  spend(1, 0);
   switch (v.kind()) {
-    case Value::Kind::None: out += "null"; return;
-    case Value::Kind::Bool: out += v.as_bool() ? "true" : "false"; return;
-    case Value::Kind::Int: out += std::to_string(v.as_int()); return;
+    case Value::Kind::None: put("null"); return;
+    case Value::Kind::Bool: put(v.as_bool() ? "true" : "false"); return;
+    case Value::Kind::Int: put(std::to_string(v.as_int())); return;
     case Value::Kind::Float: {
       const double d = v.as_double();
-      if (std::isnan(d)) out += "NaN";
-      else if (std::isinf(d)) out += d < 0 ? "-Infinity" : "Infinity";
-      else out += py_float_repr(d);
+      if (std::isnan(d)) put("NaN");
+      else if (std::isinf(d)) put(d < 0 ? "-Infinity" : "Infinity");
+      else put(py_float_repr(d));
       return;
     }
-    case Value::Kind::String: out += json_string(v.str(), st.ensure_ascii); return;
+    case Value::Kind::String: put(json_string(v.str(), st.ensure_ascii)); return;
     case Value::Kind::Array: {
       if (v.arr().empty()) {
-        out += "[]";
+        put("[]");
         return;
       }
-      out += "[";
+      put("[");
       for (size_t i = 0; i < v.arr().size(); i++) {
-        if (i) out += item_sep;
+        if (i) put(item_sep);
         newline(level + 1);
         dump_to(v.arr()[i], st, level + 1, out);
       }
       newline(level);
-      out += "]";
+      put("]");
       return;
     }
     case Value::Kind::Object: {
+      if (v.is_namespace()) throw Error("Object of type Namespace is not JSON serializable");
       if (v.obj().items.empty()) {
-        out += "{}";
+        put("{}");
         return;
       }
       std::vector<const std::pair<std::string, Value>*> items;
       for (const auto& kv : v.obj().items) items.push_back(&kv);
       if (st.sort_keys)
         std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
-      out += "{";
+      put("{");
       for (size_t i = 0; i < items.size(); i++) {
-        if (i) out += item_sep;
+        if (i) put(item_sep);
         newline(level + 1);
-        out += json_string(items[i]->first, st.ensure_ascii) + key_sep;
+        put(json_string(items[i]->first, st.ensure_ascii));
+        put(key_sep);
         dump_to(items[i]->second, st, level + 1, out);
       }
       newline(level);
-      out += "}";
+      put("}");
       return;
     }
     case Value::Kind::Undefined: throw Error("Object of type Undefined is not JSON serializable");
@@ -284,7 +309,10 @@ void dump_to(const Value& v, const JsonStyle& st, int level, std::string& out) {
 }
 
 template <class J>
-Value value_from(const J& j) {
+Value value_from(const J& j, uint32_t depth = 0) {
+  // Checked on the way down: a request's JSON may nest far deeper than the stack allows recursing.
+  if (depth >= kMaxNesting && (j.is_array() || j.is_object()))
+    fail(0, "JSON nested too deeply (the limit is " + std::to_string(kMaxNesting) + " levels)");
   switch (j.type()) {
     case nlohmann::json::value_t::null: return Value::none();
     case nlohmann::json::value_t::boolean: return Value(j.template get<bool>());
@@ -299,12 +327,12 @@ Value value_from(const J& j) {
     case nlohmann::json::value_t::array: {
       Array a;
       a.reserve(j.size());
-      for (const auto& e : j) a.push_back(value_from(e));
+      for (const auto& e : j) a.push_back(value_from(e, depth + 1));
       return Value::array(std::move(a));
     }
     case nlohmann::json::value_t::object: {
       Object o;
-      for (auto it = j.begin(); it != j.end(); ++it) o.items.emplace_back(it.key(), value_from(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) o.items.emplace_back(it.key(), value_from(it.value(), depth + 1));
       return Value::object(std::move(o));
     }
     default: throw Error("chat template: unsupported JSON value (binary)");
@@ -321,35 +349,52 @@ std::string Value::to_str() const {
   }
 }
 
-std::string Value::repr() const {
-  switch (kind_) {
-    case Kind::Undefined: return "";
-    case Kind::None: return "None";
-    case Kind::Bool: return b_ ? "True" : "False";
-    case Kind::Int: return std::to_string(i_);
-    case Kind::Float: return py_float_repr(f_);
-    case Kind::String: return str_repr(*s_);
-    case Kind::Array: {
-      std::string out = tuple_ ? "(" : "[";
-      for (size_t i = 0; i < a_->size(); i++) {
-        if (i) out += ", ";
-        out += (*a_)[i].repr();
+namespace {
+// Appends repr(v) to out, size-checked and spending its steps as it goes.
+void repr_to(const Value& v, std::string& out) {
+  auto put = [&](std::string_view text) { append_checked(out, text, "string", 0); };
+  spend(1, 0);
+  switch (v.kind()) {
+    case Value::Kind::Undefined: return;
+    case Value::Kind::None: put("None"); return;
+    case Value::Kind::Bool: put(v.as_bool() ? "True" : "False"); return;
+    case Value::Kind::Int: put(std::to_string(v.as_int())); return;
+    case Value::Kind::Float: put(py_float_repr(v.as_double())); return;
+    case Value::Kind::String: put(str_repr(v.str())); return;
+    case Value::Kind::Array: {
+      put(v.is_tuple() ? "(" : "[");
+      for (size_t i = 0; i < v.arr().size(); i++) {
+        if (i) put(", ");
+        repr_to(v.arr()[i], out);
       }
-      if (tuple_ && a_->size() == 1) out += ",";
-      return out + (tuple_ ? ")" : "]");
+      if (v.is_tuple() && v.arr().size() == 1) put(",");
+      put(v.is_tuple() ? ")" : "]");
+      return;
     }
-    case Kind::Object: {
-      if (namespace_) return "<Namespace>";
-      std::string out = "{";
-      for (size_t i = 0; i < o_->items.size(); i++) {
-        if (i) out += ", ";
-        out += str_repr(o_->items[i].first) + ": " + o_->items[i].second.repr();
+    case Value::Kind::Object: {
+      if (v.is_namespace()) {
+        put("<Namespace>");
+        return;
       }
-      return out + "}";
+      put("{");
+      for (size_t i = 0; i < v.obj().items.size(); i++) {
+        if (i) put(", ");
+        put(str_repr(v.obj().items[i].first));
+        put(": ");
+        repr_to(v.obj().items[i].second, out);
+      }
+      put("}");
+      return;
     }
-    case Kind::Function: return "<function " + name_ + ">";
+    case Value::Kind::Function: put("<function " + v.hint() + ">"); return;
   }
-  return "";
+}
+}  // namespace
+
+std::string Value::repr() const {
+  std::string out;
+  repr_to(*this, out);
+  return out;
 }
 
 std::string Value::type_name() const {
@@ -368,6 +413,7 @@ std::string Value::type_name() const {
 }
 
 bool Value::equals(const Value& o) const {
+  spend(1, 0);
   if (is_number() && o.is_number()) {
     if (kind_ == Kind::Float || o.kind_ == Kind::Float) return as_double() == o.as_double();
     return as_int() == o.as_int();
@@ -376,9 +422,12 @@ bool Value::equals(const Value& o) const {
   switch (kind_) {
     case Kind::Undefined:
     case Kind::None: return true;
-    case Kind::String: return *s_ == *o.s_;
+    case Kind::String:
+      spend(std::min(s_->size(), o.s_->size()) / kBytesPerStep, 0);
+      return *s_ == *o.s_;
     case Kind::Array: {
       if (tuple_ != o.tuple_ || a_->size() != o.a_->size()) return false;
+      if (a_ == o.a_) return true;  // the same list (Python's == checks identity first too)
       for (size_t i = 0; i < a_->size(); i++)
         if (!(*a_)[i].equals((*o.a_)[i])) return false;
       return true;
@@ -414,6 +463,7 @@ nlohmann::ordered_json to_json(const Value& v) {
       return a;
     }
     case Value::Kind::Object: {
+      if (v.is_namespace()) throw Error("chat template: a namespace is not a JSON value");
       nlohmann::ordered_json o = nlohmann::ordered_json::object();
       for (const auto& kv : v.obj().items) o[kv.first] = to_json(kv.second);
       return o;

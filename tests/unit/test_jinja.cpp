@@ -29,18 +29,19 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-// Renders `src` with variables given as a JSON object.
-std::string R(const std::string& src, const std::string& vars_json = "{}") {
+// Renders `src` with variables given as a JSON object, within the default work budget or max_steps.
+std::string R(const std::string& src, const std::string& vars_json = "{}", uint64_t max_steps = 0) {
   jinja::Object vars;
   const jinja::Value v = jinja::from_json(ojson::parse(vars_json));
   for (const auto& kv : v.obj().items) vars.set(kv.first, kv.second);
-  return jinja::Template(src).render(vars);
+  const jinja::Template t(src);
+  return max_steps ? t.render(vars, max_steps) : t.render(vars);
 }
 
 // The message of the kvzap::Error rendering throws ("" if it does not throw).
-std::string render_error(const std::string& src, const std::string& vars_json = "{}") {
+std::string render_error(const std::string& src, const std::string& vars_json = "{}", uint64_t max_steps = 0) {
   try {
-    R(src, vars_json);
+    R(src, vars_json, max_steps);
   } catch (const Error& e) {
     return e.what();
   }
@@ -132,14 +133,108 @@ TEST(Jinja, IntegerOverflowIsAnError) {
 
 // Found by fuzz_jinja (stop 27): `99999999999 * 'str'` asked for a 2 GB string. Values and the output are
 // capped (jinja_internal.h) with a clear error, below which repetition and concatenation still work.
+// (With a work budget large enough to reach the caps: the default one stops building far sooner.)
 TEST(Jinja, HugeStringsAndListsAreAnError) {
+  const uint64_t enough = 100'000'000;
   EXPECT_EQ(R("{{ 'ab' * 3 }} {{ 2 * 'c' }} {{ [1] * 2 }} {{ 'x' * -1 }}|{{ ('y' * 1000) | length }}"),
             "ababab cc [1, 1] |1000");
   for (const char* t : {"{{ 99999999999 * ('%d %b 5Y') }}", "{{ 'ab' * 9223372036854775807 }}",
                         "{{ [1, 2] * 100000 }}", "{% set s = 'x' * 40000000 %}{{ s ~ s }}",
                         "{% set s = 'x' * 40000000 %}{{ s + s }}", "{% set s = 'x' * 40000000 %}{{ s }}{{ s }}",
                         "{{ 'a' | indent(99999999999) }}"})
-    EXPECT_TRUE(contains(render_error(t), "too large")) << t;
+    EXPECT_TRUE(contains(render_error(t, "{}", enough), "too large")) << t;
+  EXPECT_TRUE(contains(render_error("{{ (['a' * 1000000] * 100000) | join | length }}", "{}", enough), "string too large"));
+  EXPECT_TRUE(contains(render_error("{{ ('a' * 1000000).replace('a', 'a' * 1000) | length }}", "{}", enough), "string too large"));
+}
+
+// Found in review after bug 5 (stop 28), each confirmed on the previous fuzz_jinja build (ASan): repr of
+// a list nested 100,000 deep and tojson of a namespace holding itself ran off the stack; ns.x = [ns]
+// leaked; join and iterating a 60 MB string ran out of memory; shared lists printed as 10^10 items,
+// nested range loops and |unique on 100,000 items timed out. Now every render has a work budget, lists
+// nest at most 1000 deep, namespaces are emptied when the render ends, and every runaway template
+// ends in a clear error. These use a small budget to stay quick under the sanitizers.
+TEST(Jinja, RunawayTemplatesEndWithAClearError) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "steps of work"},
+      {"{{ ([[0] * 100000] * 100000) | string | length }}", "steps of work"},
+      {"{{ ([[0] * 100000] * 100000) == ([[0] * 100000] * 100000) }}", "steps of work"},
+      {"{{ range(100000) | unique | list | length }}", "steps of work"},
+      {"{% for c in 'a' * 60000000 %}{% endfor %}", "steps of work"},
+      {"{{ ('a' * 60000000) | list | length }}", "steps of work"},
+      {"{{ ('a,' * 30000000).split(',') | length }}", "steps of work"},
+      {"{{ ('\\n' * 30000000) | indent(1000) | length }}", "steps of work"},
+      {"{{ [['a' * 1000000] * 60] | tojson | length }}", "steps of work"},
+      {"{% macro m(n) %}{{ m(n) }}{{ m(n) }}{% endmacro %}{{ m(1) }}", "macro recursion too deep"},
+      {"{% set ns = namespace(x=0) %}{% for i in range(2000) %}{% set ns.x = [ns.x] %}{% endfor %}", "nested too deeply"},
+      {"{% set ns = namespace(x=0) %}{% for i in range(2000) %}{% set ns.x = {'k': ns.x} %}{% endfor %}", "nested too deeply"},
+      {"{% set ns = namespace(x=0) %}{% set ns.x = ns %}{{ ns | tojson }}", "not JSON serializable"},
+  };
+  for (const auto& [src, error] : cases) {
+    std::string what;
+    try {
+      jinja::Template(src).render({}, 300000);
+    } catch (const Error& e) {
+      what = e.what();
+    }
+    EXPECT_TRUE(contains(what, error)) << src << " -> " << what;
+  }
+  // The default budget stops an endless loop, with the figure in the message; namespaces are counted.
+  EXPECT_TRUE(contains(render_error("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"),
+                       "the template did more than 1000000 steps of work"));
+  EXPECT_TRUE(contains(render_error("{% for i in range(100000) %}{% set n = namespace() %}{% endfor %}{% set n = namespace() %}",
+                                    "{}", 10'000'000),
+                       "too many namespaces"));
+  // Input nested too deeply for the stack is refused while it is converted, before anything recurses.
+  std::string deep;
+  for (int k = 0; k < 100000; k++) deep += "[";
+  for (int k = 0; k < 100000; k++) deep += "]";
+  EXPECT_TRUE(contains(render_error("{{ x }}", "{\"x\": " + deep + "}"), "JSON nested too deeply"));
+  // Below the limits, the same constructs work: 999 levels print, a namespace may hold itself, and
+  // shared lists compare by identity like Python's.
+  EXPECT_EQ(R("{% set ns = namespace(x=0) %}{% for i in range(999) %}{% set ns.x = [ns.x] %}{% endfor %}"
+              "{{ (ns.x | string | length) }}"),
+            "1999");
+  EXPECT_EQ(R("{% set ns = namespace(x=0) %}{% set ns.me = ns %}{% set ns.l = [ns] %}{{ ns.me.me.l }}"), "[<Namespace>]");
+  EXPECT_EQ(R("{% set l = [[0] * 100000] * 100000 %}{{ l == l }}"), "True");
+}
+
+// Long needles go to a linear-time search (memmem, and on reversed copies for rfind); the results are
+// Python's, including overlapping and repeated matches.
+TEST(Jinja, LongNeedleSearchMatchesPython) {
+  EXPECT_EQ(R("{% set h = 'ab' * 40 %}{% set n = 'b' ~ 'ab' * 20 %}{{ h.find(n) }} {{ h.rfind(n) }} {{ h.count('ab' * 17) }}"),
+            "1 39 2");
+  EXPECT_EQ(R("{% set L = 'x' * 33 %}{% set s = ('-' ~ L) * 3 %}{{ s.split(L) }} {{ s.rsplit(L, 1)[0] == s[:-33] }} "
+              "{{ s.rsplit(L, 1)[1] == '' }} {{ s.replace(L, 'Y') }} {{ L in s }} {{ (L ~ 'z') in s }}"),
+            "['-', '-', '-', ''] True True -Y-Y-Y True False");
+  EXPECT_EQ(R("{% set a = 'a' * 100 %}{% set n = 'a' * 40 %}{{ a.rfind(n) }} {{ a.rindex(n) }} {{ a.find(n) }} "
+              "{{ a.rsplit(n, 1)[0] | length }} {{ a.split(n) | map('length') | list }} {{ a.count(n) }}"),
+            "60 60 0 60 [0, 0, 20] 2");
+  EXPECT_EQ(R("{{ ('a' * 1000000).find('a' * 100000 ~ 'b') }} {{ ('a' * 1000000).rfind('b' ~ 'a' * 100000) }}"), "-1 -1");
+}
+
+// Whole conversations far larger than a context window render with the real templates, using at most a
+// quarter of the default budget: the budget stops runaway templates, not real ones.
+TEST(Jinja, RealTemplatesRenderLargeConversationsWithinAQuarterOfTheBudget) {
+  ojson many = ojson::array(), long_turns = ojson::array();
+  for (int k = 0; k < 20000; k++) many.push_back({{"role", k % 2 ? "assistant" : "user"}, {"content", "hi " + std::to_string(k)}});
+  for (int k = 0; k < 40; k++) long_turns.push_back({{"role", k % 2 ? "assistant" : "user"}, {"content", std::string(200000, 'w')}});
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(std::string(KVZAP_SOURCE_DIR) + "/tests/golden/templates")) {
+    if (e.path().extension() != ".jinja") continue;
+    const jinja::Template t(read_file(e.path().string()));
+    for (const ojson* conv : {&many, &long_turns}) {
+      jinja::Object vars;
+      vars.set("messages", jinja::from_json(*conv));
+      vars.set("bos_token", jinja::Value("<s>"));
+      vars.set("eos_token", jinja::Value("</s>"));
+      vars.set("add_generation_prompt", jinja::Value(true));
+      std::string out;
+      EXPECT_NO_THROW(out = t.render(vars, jinja::Template::default_budget(vars) / 4)) << e.path();
+      EXPECT_GT(out.size(), conv == &many ? size_t{20000} : size_t{8000000}) << e.path();
+    }
+    n++;
+  }
+  EXPECT_GE(n, 8);
 }
 
 TEST(Jinja, LogicAndComparisons) {
