@@ -410,6 +410,7 @@ struct Node {
   std::vector<std::vector<std::unique_ptr<Node>>> bodies;  // If: one per branch (+ else); For: body, else
   bool negate = false;              // Test: "is not"
   bool has_else = false;
+  int depth = 1;                    // expressions: levels of nodes down to the deepest leaf (Parser::link)
   Node(NK k, int l) : kind(k), line(l) {}
 };
 using NodePtr = std::unique_ptr<Node>;
@@ -426,6 +427,14 @@ class Parser {
  public:
   explicit Parser(std::vector<Token> toks) : t_(std::move(toks)) {}
 
+  // Brackets, unary operators, `not`, inline ifs and block tags recurse through the parser (and later
+  // the renderer): at most kMaxNesting levels, about what jinja2 manages under Python's recursion limit.
+  // Chains built in a loop (a + b + ..., x.a.b..., x|f|g...) do not recurse here but make the tree as
+  // deep, which the renderer and the destructors then recurse through: every expression node is at most
+  // kMaxExpressionDepth levels deep (link()).
+  static constexpr int kMaxNesting = 100;
+  static constexpr int kMaxExpressionDepth = 500;
+
   NodePtr parse_template() {
     auto root = make(NK::Body, 1);
     root->bodies.emplace_back();
@@ -438,6 +447,33 @@ class Parser {
  private:
   std::vector<Token> t_;
   size_t i_ = 0;
+  int nesting_ = 0;
+
+  class Nest {
+   public:
+    Nest(Parser& p, int line) : p_(p) {
+      if (++p_.nesting_ > kMaxNesting)
+        fail(line, "template nested too deeply (more than " + std::to_string(kMaxNesting) + " levels of brackets, operators or blocks)");
+    }
+    ~Nest() { p_.nesting_--; }
+    Nest(const Nest&) = delete;
+    Nest& operator=(const Nest&) = delete;
+
+   private:
+    Parser& p_;
+  };
+
+  // Sets n's depth from its operands and checks it; every expression node made from others passes here.
+  NodePtr link(NodePtr n) {
+    int d = 0;
+    for (const NodePtr& c : n->a)
+      if (c) d = std::max(d, c->depth);
+    for (const auto& kv : n->kwargs) d = std::max(d, kv.second->depth);
+    n->depth = d + 1;
+    if (n->depth > kMaxExpressionDepth)
+      fail(n->line, "expression nested too deeply (more than " + std::to_string(kMaxExpressionDepth) + " levels)");
+    return n;
+  }
 
   const Token& cur() const { return t_[i_]; }
   const Token& peek(size_t k = 1) const { return t_[std::min(i_ + k, t_.size() - 1)]; }
@@ -520,6 +556,7 @@ class Parser {
 
   NodePtr parse_statement() {
     const Token tag = next();
+    const Nest nest(*this, tag.line);
     const std::string& k = tag.text;
     if (k == "if") return parse_if(tag.line);
     if (k == "for") return parse_for(tag.line);
@@ -678,7 +715,7 @@ class Parser {
     }
     auto n = make(NK::Tuple, line);
     n->a = std::move(items);
-    return n;
+    return link(std::move(n));
   }
 
   NodePtr parse_expression(bool with_condexpr) { return with_condexpr ? parse_condexpr() : parse_or(); }
@@ -688,12 +725,16 @@ class Parser {
     while (is_name("if")) {
       const int line = next().line;
       NodePtr cond = parse_or();
-      NodePtr e3 = skip_name("else") ? parse_condexpr() : nullptr;
+      NodePtr e3;
+      if (skip_name("else")) {
+        const Nest nest(*this, line);
+        e3 = parse_condexpr();
+      }
       auto n = make(NK::Cond, line);
       n->a.push_back(std::move(e1));
       n->a.push_back(std::move(cond));
       n->a.push_back(std::move(e3));
-      e1 = std::move(n);
+      e1 = link(std::move(n));
     }
     return e1;
   }
@@ -704,7 +745,7 @@ class Parser {
       auto n = make(NK::Or, next().line);
       n->a.push_back(std::move(l));
       n->a.push_back(parse_and());
-      l = std::move(n);
+      l = link(std::move(n));
     }
     return l;
   }
@@ -715,16 +756,17 @@ class Parser {
       auto n = make(NK::And, next().line);
       n->a.push_back(std::move(l));
       n->a.push_back(parse_not());
-      l = std::move(n);
+      l = link(std::move(n));
     }
     return l;
   }
 
   NodePtr parse_not() {
     if (is_name("not")) {
+      const Nest nest(*this, cur().line);
       auto n = make(NK::Not, next().line);
       n->a.push_back(parse_not());
-      return n;
+      return link(std::move(n));
     }
     return parse_compare();
   }
@@ -756,7 +798,7 @@ class Parser {
       n->ops.push_back(op);
       n->a.push_back(parse_math1());
     }
-    return n ? std::move(n) : std::move(first);
+    return n ? link(std::move(n)) : std::move(first);
   }
 
   NodePtr binary(const std::string& op, NodePtr l, NodePtr r, int line) {
@@ -764,7 +806,7 @@ class Parser {
     n->name = op;
     n->a.push_back(std::move(l));
     n->a.push_back(std::move(r));
-    return n;
+    return link(std::move(n));
   }
 
   NodePtr parse_math1() {
@@ -782,7 +824,7 @@ class Parser {
     auto n = make(NK::Concat, cur().line);
     n->a.push_back(std::move(l));
     while (skip_op("~")) n->a.push_back(parse_math2());
-    return n;
+    return link(std::move(n));
   }
 
   NodePtr parse_math2() {
@@ -804,11 +846,13 @@ class Parser {
   }
 
   NodePtr parse_unary(bool with_filter) {
+    const Nest nest(*this, cur().line);
     NodePtr node;
     if (is_op("-") || is_op("+")) {
       const Token op = next();
       node = make(op.text == "-" ? NK::Neg : NK::Pos, op.line);
       node->a.push_back(parse_unary(false));
+      node = link(std::move(node));
     } else {
       node = parse_primary();
     }
@@ -859,7 +903,7 @@ class Parser {
         n->a.push_back(parse_expression(true));
       }
       expect_op("]");
-      return n;
+      return link(std::move(n));
     }
     if (t.type == Tok::Op && t.text == "{") {
       next();
@@ -872,7 +916,7 @@ class Parser {
         n->a.push_back(parse_expression(true));
       }
       expect_op("}");
-      return n;
+      return link(std::move(n));
     }
     fail(t.line, "unexpected " + describe(t));
   }
@@ -887,12 +931,12 @@ class Parser {
           auto idx = make(NK::Literal, line);
           idx->literal = Value(next().i);
           n->a.push_back(std::move(idx));
-          node = std::move(n);
+          node = link(std::move(n));
         } else {
           auto n = make(NK::Attr, line);
           n->name = expect_name();
           n->a.push_back(std::move(node));
-          node = std::move(n);
+          node = link(std::move(n));
         }
       } else if (is_op("[")) {
         node = parse_subscript(std::move(node));
@@ -926,12 +970,12 @@ class Parser {
       auto n = make(NK::Item, line);
       n->a.push_back(std::move(node));
       n->a.push_back(std::move(parts[0]));
-      return n;
+      return link(std::move(n));
     }
     auto n = make(NK::Slice, line);
     n->a.push_back(std::move(node));
     for (auto& p : parts) n->a.push_back(std::move(p));
-    return n;
+    return link(std::move(n));
   }
 
   void parse_call_args(Node& n) {
@@ -958,7 +1002,7 @@ class Parser {
     auto n = make(NK::Call, cur().line);
     n->a.push_back(std::move(callee));
     parse_call_args(*n);
-    return n;
+    return link(std::move(n));
   }
 
   NodePtr parse_filter(NodePtr n) {
@@ -976,7 +1020,7 @@ class Parser {
       if (is_op("|")) {
         auto n = make(NK::Filter, next().line);
         n->a.push_back(std::move(node));
-        node = parse_filter(std::move(n));
+        node = link(parse_filter(std::move(n)));
       } else if (is_name("is")) {
         auto n = make(NK::Test, next().line);
         n->negate = skip_name("not");
@@ -991,7 +1035,7 @@ class Parser {
           if (c.type == Tok::Name && c.text == "is") fail(c.line, "cannot chain tests with 'is'");
           n->a.push_back(parse_postfix(parse_primary()));
         }
-        node = std::move(n);
+        node = link(std::move(n));
       } else if (is_op("(")) {
         node = parse_call(std::move(node));
       } else {
@@ -1022,10 +1066,29 @@ enum class Flow { Normal, Break, Continue };
 class Renderer {
  public:
   Scope* top = nullptr;  // the template's own scope (macros resolve names from here)
-  int depth = 0;
+  int depth = 0;         // macro calls in progress
+  int frames = 0;        // exec and eval calls in progress
   // A loop iteration or a macro call builds a scope (and the 12-entry loop object): it costs about as
   // much as eight expressions.
   static constexpr uint64_t kStepsPerIteration = 8;
+  // The parser bounds one template's nesting, but macros multiply it (200 calls deep, each as deep as
+  // the parser allows): the recursion of a render is capped too. Under ASan a level of eval takes about
+  // 5 KiB of stack (an 8 MiB stack overflowed near 1,500), so 500 leaves room for repr or tojson of a
+  // list nested 1000 deep at the bottom.
+  static constexpr int kMaxFrames = 500;
+
+  class Frame {
+   public:
+    Frame(Renderer& r, int line) : r_(r) {
+      if (++r_.frames > kMaxFrames) fail(line, "template rendering nested too deeply (recursive macros?)");
+    }
+    ~Frame() { r_.frames--; }
+    Frame(const Frame&) = delete;
+    Frame& operator=(const Frame&) = delete;
+
+   private:
+    Renderer& r_;
+  };
 
   Flow exec(const NodeList& body, Scope& sc, std::string& out) {
     for (const NodePtr& n : body) {
@@ -1039,6 +1102,7 @@ class Renderer {
   static void emit(std::string& out, const std::string& text, int line) { append_checked(out, text, "rendered output", line); }
 
   Flow exec(const Node& n, Scope& sc, std::string& out) {
+    const Frame frame(*this, n.line);
     spend(1, n.line);
     switch (n.kind) {
       case NK::Text:
@@ -1182,6 +1246,7 @@ class Renderer {
   }
 
   Value eval(const Node& n, Scope& sc) {
+    const Frame frame(*this, n.line);
     spend(1, n.line);
     switch (n.kind) {
       case NK::Literal: return n.literal;

@@ -148,11 +148,13 @@ TEST(Jinja, HugeStringsAndListsAreAnError) {
 }
 
 // Found in review after bug 5 (stop 28), each confirmed on the previous fuzz_jinja build (ASan): repr of
-// a list nested 100,000 deep and tojson of a namespace holding itself ran off the stack; ns.x = [ns]
+// a list nested 100,000 deep, tojson of a namespace holding itself, deeply nested brackets, blocks and
+// operator chains, and macros recursing through deep expressions ran off the stack; ns.x = [ns]
 // leaked; join and iterating a 60 MB string ran out of memory; shared lists printed as 10^10 items,
 // nested range loops and |unique on 100,000 items timed out. Now every render has a work budget, lists
-// nest at most 1000 deep, namespaces are emptied when the render ends, and every runaway template
-// ends in a clear error. These use a small budget to stay quick under the sanitizers.
+// nest at most 1000 deep, templates 100 levels (expressions 500), a render recurses at most 500 deep,
+// namespaces are emptied when the render ends, and every runaway template ends in a clear error. The
+// first cases use a small budget to stay quick under the sanitizers.
 TEST(Jinja, RunawayTemplatesEndWithAClearError) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "steps of work"},
@@ -184,6 +186,23 @@ TEST(Jinja, RunawayTemplatesEndWithAClearError) {
   EXPECT_TRUE(contains(render_error("{% for i in range(100000) %}{% set n = namespace() %}{% endfor %}{% set n = namespace() %}",
                                     "{}", 10'000'000),
                        "too many namespaces"));
+  // Templates nested too deeply for the stack are refused while parsing; the render's own recursion is
+  // capped for what macros multiply (each of these overflowed the stack under ASan before).
+  auto repeat = [](const std::string& s, int n) {
+    std::string out;
+    for (int k = 0; k < n; k++) out += s;
+    return out;
+  };
+  for (const std::string& t : {"{{ " + repeat("(", 3000) + "1" + repeat(")", 3000) + " }}", "{{ " + repeat("not ", 3000) + "1 }}",
+                               "{{ " + repeat("-", 3000) + "1 }}", repeat("{% if 1 %}", 1500) + "x" + repeat("{% endif %}", 1500),
+                               "{{ " + repeat("[", 3000) + repeat("]", 3000) + " }}"})
+    EXPECT_TRUE(contains(render_error(t), "template nested too deeply (more than 100 levels")) << t.substr(0, 40);
+  for (const std::string& t : {"{{ 1" + repeat(" + 1", 5000) + " }}", "{{ 1" + repeat("|e", 3000) + " }}", "{{ x" + repeat(".a", 3000) + " }}"})
+    EXPECT_TRUE(contains(render_error(t), "expression nested too deeply (more than 500 levels)")) << t.substr(0, 40);
+  EXPECT_TRUE(contains(render_error("{% macro m(n) %}{% if n > 0 %}{{ m(n - 1)|length" + repeat(" + 1", 20) +
+                                    " }}{% endif %}{% endmacro %}{{ m(199) }}"),
+                       "template rendering nested too deeply"));
+  EXPECT_EQ(R("{{ " + repeat("(", 90) + "1" + repeat(")", 90) + " }} {{ 1" + repeat(" + 1", 400) + " }}"), "1 401");
   // Input nested too deeply for the stack is refused while it is converted, before anything recurses.
   std::string deep;
   for (int k = 0; k < 100000; k++) deep += "[";
