@@ -915,7 +915,9 @@ static Value run_filter(const std::string& name, const Value& v, const CallArgs&
     try {
       return Value(dumps(v, st));
     } catch (const Error& e) {
-      fail(line, std::string("tojson: ") + e.what());
+      const std::string what = e.what();
+      if (what.rfind("chat template: ", 0) == 0) throw;  // the budget or a size cap: already a template error
+      fail(line, "tojson: " + what);
     }
   }
   if (f == "length" || f == "count") return Value(py_len(v, line));

@@ -215,6 +215,12 @@ TEST(Jinja, RunawayTemplatesEndWithAClearError) {
             "1999");
   EXPECT_EQ(R("{% set ns = namespace(x=0) %}{% set ns.me = ns %}{% set ns.l = [ns] %}{{ ns.me.me.l }}"), "[<Namespace>]");
   EXPECT_EQ(R("{% set l = [[0] * 100000] * 100000 %}{{ l == l }}"), "True");
+  // A budget or size error inside tojson reads as itself, not wrapped in a second "tojson: chat template:".
+  const std::string e = render_error("{{ ([[0] * 100000] * 100000) | tojson }}");
+  EXPECT_TRUE(contains(e, "chat template: the template did more than")) << e;
+  EXPECT_FALSE(contains(e, "tojson: chat template")) << e;
+  EXPECT_TRUE(contains(render_error("{% set ns = namespace() %}{{ [ns] | tojson }}"),
+                       "chat template: tojson: Object of type Namespace is not JSON serializable"));
 }
 
 // Long needles go to a linear-time search (memmem, and on reversed copies for rfind); the results are
