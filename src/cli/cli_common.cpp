@@ -50,6 +50,10 @@ void PressArgs::add_to(CLI::App& sub, bool with_surrogate) {
   sub.add_option("--window", window, "threshold presses never judge the most recent W tokens")->check(CLI::Range(0, 1 << 20));
   sub.add_option("--sink-tokens", sink_tokens, "threshold presses never evict the first N positions (attention sinks; default 0, as kvpress)")
       ->check(CLI::Range(0, 1 << 20));
+  sub.add_option("--prefill-evict-every", prefill_evict_every,
+                 "threshold presses judge a context every N positions while prefilling it, freeing memory as the prompt "
+                 "goes in (later context tokens attend to the pruned cache); 0 = once the context is complete, as kvpress")
+      ->check(CLI::Range(0, 1 << 20));
   sub.add_flag("--decode-press", decoding, "keep pruning question and generated tokens (threshold presses)");
   sub.add_flag("--press-sliding-layers", sliding_layers,
                "also prune sliding-window layers (by default presses prune only global-attention layers)");
@@ -63,20 +67,25 @@ std::unique_ptr<Press> PressArgs::make(const Model& model) const {
     if (has_t || has_r || decoding || !surrogate.empty()) throw Error("--threshold/--ratio/--decode-press/--surrogate need --press NAME");
     return nullptr;
   }
+  return make_press(options(), model);
+}
+
+PressOptions PressArgs::options() const {
   PressOptions o;
   o.name = name;
-  o.has_threshold = has_t;
+  o.has_threshold = threshold_opt && threshold_opt->count() > 0;
   o.threshold = threshold;
-  o.has_ratio = has_r;
+  o.has_ratio = ratio_opt && ratio_opt->count() > 0;
   o.ratio = ratio;
   o.ratio_scope = scope;
   o.window = window;
   o.sink_tokens = sink_tokens;
+  o.prefill_evict_every = prefill_evict_every;
   o.decoding = decoding;
   o.sliding_layers = sliding_layers;
   o.surrogate_dir = surrogate;
   o.seed = seed;
-  return make_press(o, model);
+  return o;
 }
 
 std::string read_text_file(const std::string& path) {

@@ -34,6 +34,7 @@ struct PressArgs {
   std::string scope = "global";
   int window = 128;
   int sink_tokens = 0;
+  int prefill_evict_every = 0;
   bool decoding = false;
   bool sliding_layers = false;
   std::string surrogate;
@@ -43,6 +44,8 @@ struct PressArgs {
 
   // with_surrogate: also --surrogate (bench uses that name for its own option).
   void add_to(CLI::App& sub, bool with_surrogate = true);
+  // The PressOptions these flags stand for (whether or not --press was given).
+  PressOptions options() const;
   std::unique_ptr<Press> make(const Model& model) const;  // nullptr without --press
 };
 

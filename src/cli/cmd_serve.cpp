@@ -26,6 +26,7 @@ struct ServeArgs {
   std::string api_key, api_key_file;
   int port = 8080, parallel = 4, max_queue = 64, max_tokens = 4096, http_threads = 0;
   int64_t prefill_chunk = 64;
+  int max_prefills = 2;
   double timeout = 600, shutdown_grace = 5;
 };
 
@@ -131,6 +132,8 @@ int run_serve(const ServeArgs& a) {
     if (!d.has_press && (a.press.threshold_opt->count() || a.press.ratio_opt->count() || a.press.decoding))
       throw Error("--threshold/--ratio/--decode-press need --press NAME");
     d.press = press_options_from(a.press);
+    d.prefill_evict_every = a.press.prefill_evict_every;
+    if (d.press.has_ratio) d.press.prefill_evict_every = 0;  // a ratio press judges whole contexts
     if (d.has_press) make_press(d.press, *model);  // a bad default fails at start, not per request
     d.limits.n_vocab = model->config().n_vocab;
     d.limits.max_tokens = a.max_tokens;
@@ -148,6 +151,7 @@ int run_serve(const ServeArgs& a) {
     so.parallel = a.parallel;
     so.max_queue = a.max_queue;
     so.prefill_chunk_while_decoding = a.prefill_chunk;
+    so.max_prefills = a.max_prefills;
     if (a.prefix_cache.empty()) so.prefix_cache_bytes = engine.pages().budget_bytes() / 4;
     else if (a.prefix_cache == "0" || a.prefix_cache == "off") so.prefix_cache_bytes = 0;
     else so.prefix_cache_bytes = parse_byte_size(a.prefix_cache);
@@ -186,6 +190,7 @@ int run_serve(const ServeArgs& a) {
 RegisterCommand reg("serve", "OpenAI-compatible HTTP server (continuous batching, KV pruning as capacity)", [](CLI::App& sub) {
   auto a = std::make_shared<ServeArgs>();
   a->m.add_to(sub);
+  a->press.prefill_evict_every = 128;  // the server's default: memory freed as prompts go in (capacity)
   a->press.add_to(sub);
   sub.add_option("--host", a->host, "address to bind (default 127.0.0.1: loopback only)");
   sub.add_option("--port", a->port, "port (default 8080)")->check(CLI::Range(0, 65535));
@@ -194,6 +199,8 @@ RegisterCommand reg("serve", "OpenAI-compatible HTTP server (continuous batching
                                              "with --kv-type f32 it holds half as many tokens)");
   sub.add_option("--prefix-cache", a->prefix_cache, "bytes of compressed prefixes kept for reuse (default: a quarter of the KV budget; 0 = off)");
   sub.add_option("--prefill-chunk", a->prefill_chunk, "most prompt tokens a step takes while other requests are decoding: bounds their inter-token latency, at the cost of a new request's time to first token (default 64; 0 = up to --batch)")->check(CLI::Range(0, 1 << 24));
+  sub.add_option("--max-prefills", a->max_prefills, "most requests prefilling their prompts at once: more split the prefill compute among "
+                 "half-finished requests and hold their partial caches (default 2)")->check(CLI::Range(1, 1024));
   sub.add_option("--max-queue", a->max_queue, "most requests waiting for admission; beyond: 503 (default 64)")->check(CLI::Range(0, 1 << 20));
   sub.add_option("--max-tokens-limit", a->max_tokens, "largest max_tokens a request may ask for (default 4096)")->check(CLI::Range(1, 1 << 24));
   sub.add_option("--timeout", a->timeout, "per-request time limit in seconds; generation stops with finish_reason length (default 600, 0 = none)")->check(CLI::Range(0.0, 1e7));

@@ -109,6 +109,10 @@ void Engine::step(std::span<Segment> segments) {
   int64_t available = pages_->pages_available();
   fwd_segments_.clear();
   for (Segment& s : segments) {
+    if (const int64_t limit = s.seq->context_step_limit(); limit > 0 && s.n > limit) {
+      s.n = limit;
+      if (s.logits == LogitsMode::Last) s.logits = LogitsMode::None;  // its last token is not this step's
+    }
     const int64_t need = s.seq->cache_.pages_needed(s.n);
     if (need > available) {
       s.status = SegmentStatus::OutOfKvMemory;
@@ -145,7 +149,7 @@ void Engine::feed(Sequence& seq, const int32_t* tokens, int64_t n, LogitsMode mo
                              std::to_string(pages_->budget_bytes()) + " bytes in use, " +
                              std::to_string(seq.cache_.pages_needed(m) * pages_->page_bytes()) +
                              " more needed (raise --kv-budget)");
-    done += m;
+    done += s.n;  // step() may have cut it at an eviction boundary
   }
 }
 
@@ -161,6 +165,9 @@ void Engine::prefill_recorded(Sequence& seq, const std::vector<int32_t>& ids, Co
 
 void Engine::replay(Sequence& seq, const ContextRecording& rec) {
   if (!seq.in_context_ || seq.n_past() != 0) throw Error("internal: replay into a sequence that has not begun a context");
+  // The recording holds a context prefilled without evictions; a press that evicts inside the context
+  // changes what later tokens attend to, so it must be fed, not replayed.
+  if (seq.context_step_limit() > 0) throw Error("internal: replay under a press that evicts while prefilling");
   for (const RecordedStep& st : rec.steps()) {
     if (seq.cache_.pages_needed(st.n_tok) > pages_->pages_available())
       throw KvBudgetExceeded("KV memory budget exhausted: " + std::to_string(pages_->bytes_in_use()) + " of " +
@@ -222,6 +229,12 @@ void Sequence::end_context(const std::vector<int32_t>& context_ids, const std::s
   press_->end_context(view);
   engine_.pages().count_evicted(before - cache_.entries_kept());
   observer_ = press_->prunes_decoding() ? press_ : nullptr;
+}
+
+int64_t Sequence::context_step_limit() const {
+  if (!in_context_ || !press_) return 0;
+  const int64_t every = press_->context_eviction_interval();
+  return every > 0 ? every - cache_.n_past() % every : 0;
 }
 
 std::unique_ptr<Sequence> Sequence::fork() const {

@@ -105,10 +105,13 @@ class Engine : public ContextRunner {
   // One batched forward step. Segments must belong to distinct sequences of this engine, sum to at most
   // n_batch() tokens, and fit each sequence's context (throws kvzap::Error otherwise: a caller bug or bad
   // input, checked before anything runs). Segments are admitted in order; one whose KV pages would
-  // exceed the budget is skipped with status OutOfKvMemory, and later ones may still run.
+  // exceed the budget is skipped with status OutOfKvMemory, and later ones may still run. A context
+  // segment of a sequence whose press frees entries while prefilling is cut at the press's next eviction
+  // boundary (Sequence::context_step_limit): s.n comes back smaller, no logits are computed for it, and
+  // the caller feeds the rest in later steps.
   void step(std::span<Segment> segments);
 
-  // Feeds n tokens of one sequence in n_batch chunks (LogitsMode as in Segment). Throws
+  // Feeds n tokens of one sequence in n_batch chunks, or smaller where step() cuts them (LogitsMode as in Segment). Throws
   // KvBudgetExceeded when the pool cannot hold them (the tokens fed before stay fed).
   void feed(Sequence& seq, const int32_t* tokens, int64_t n, LogitsMode mode = LogitsMode::Last,
             float* all_logits = nullptr);
@@ -162,6 +165,9 @@ class Sequence {
   void begin_context();
   void end_context(const std::vector<int32_t>& context_ids, const std::string& question = "");
   bool in_context() const { return in_context_; }
+  // Most tokens the next step may take for this sequence without crossing an eviction boundary of its
+  // press inside a context (Press::context_eviction_interval); 0 = no limit.
+  int64_t context_step_limit() const;
   // The observer for the next step (the press while it watches, else null).
   LayerObserver* observer() { return observer_; }
 

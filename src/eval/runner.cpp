@@ -600,6 +600,9 @@ SweepResult run_sweep(const EvalSetup& setup, const std::vector<PressOptions>& c
   }
 
   bool share = opt.share_prefill && !to_run.empty();
+  // A press that evicts while prefilling changes what later context tokens attend to: its cells feed
+  // their contexts themselves (a recording holds a context prefilled without evictions).
+  for (size_t c : to_run) share = share && cells[c].prefill_evict_every == 0;
   if (share) {
     // The recording holds a whole context's activations: a grid whose longest context would not fit the
     // limit is run cell by cell (the same results, one prefill per cell).

@@ -15,8 +15,8 @@ class ThreadPool;
 
 // kvpress DMSPress semantics with real eviction. Per layer, a window buffer holds the scores of the
 // most recent tokens; when tokens leave it (buffer longer than `window`), every (head, token) among
-// them whose score < threshold (strict) is evicted from the cache — at once while decoding, at the end
-// of the context while prefilling one.
+// them whose score < threshold (strict) is evicted from the cache — at once while decoding; while
+// prefilling a context, at its end, or every `prefill_evict_every` positions when that is set.
 class ThresholdPress : public Press {
  public:
   ThresholdPress(std::unique_ptr<Scorer> scorer, const PressOptions& opt);
@@ -25,6 +25,7 @@ class ThresholdPress : public Press {
   void begin_context(ContextRunner& runner) override { start_context(); }
   void end_context(ContextView& ctx) override { finish_context(ctx.cache); }
   bool prunes_decoding() const override { return decoding_; }
+  int64_t context_eviction_interval() const override { return in_context_ ? evict_every_ : 0; }
   void after_attention(const LayerStep& step, KvCache& cache) override;
   int h_readout_dim(int layer) const override { return in_context_ || decoding_ ? scorer_->h_readout_dim(layer) : 0; }
   void h_readout(int layer, const float* h, int64_t n, float* out) const override { scorer_->h_readout(layer, h, n, out); }
@@ -33,8 +34,11 @@ class ThresholdPress : public Press {
 
   // Every step between these two is judged, whatever its size (a context prefilled in several
   // steps is judged completely even without `decoding`). Inside a context nothing is evicted until
-  // finish_context: every context token attends to the whole context, as in a one-step prefill, so a
-  // context prefilled in chunks (sharing steps with other sequences) is pruned exactly like one step.
+  // finish_context (every context token attends to the whole context, as in a one-step prefill), unless
+  // prefill_evict_every = E > 0: then a step ending at a multiple b of E evicts the buffered tokens
+  // before b - window. Steps never cross a multiple of E (Engine::step), so either way the result does
+  // not depend on how the context was chunked, and given the same scores the kept set is the one
+  // finish_context alone would choose.
   void start_context();
   void finish_context(KvCache& cache);
   // Entries this press removed since it was made (all layers and heads).
@@ -51,11 +55,13 @@ class ThresholdPress : public Press {
   };
   void evict_leaving(int layer, size_t n_leave, KvCache& cache);
   void evict_overflow(int layer, KvCache& cache);  // judges the tokens beyond the window
+  void evict_before(int layer, int32_t limit, KvCache& cache);  // judges the buffered tokens at positions < limit
 
   std::shared_ptr<Scorer> scorer_;
   std::string scorer_name_;
   double threshold_;
   int window_;
+  int64_t evict_every_;             // judge a context every this many positions (0 = at its end)
   int sink_tokens_;                 // positions < this are never evicted
   bool decoding_;
   bool in_context_ = false;

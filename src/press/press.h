@@ -81,6 +81,12 @@ struct PressOptions {
   // the KVzap paper and kvpress (their threshold press protects no sink).
   int sink_tokens = 0;
   bool decoding = false;      // threshold policy: also prune question and generated tokens
+  // Threshold policy: while a context is prefilled, judge it every `prefill_evict_every` positions (each
+  // entry that has left the window by then) and free its pages at once, so a request never holds much
+  // more than kept + window + one interval. The engine cuts context steps at multiples of it, so the kept
+  // set does not depend on how the prompt is chunked or batched. Later context tokens then attend to the
+  // pruned cache (as decoding does). 0 = judge the context once it is complete (kvpress's one-pass prefill).
+  int prefill_evict_every = 0;
   // Sliding-window layers (Gemma 3's local layers) already keep only their window: presses leave them
   // alone unless asked (they prune the global layers).
   bool sliding_layers = false;
@@ -100,6 +106,9 @@ class Press : public LayerObserver {
   virtual void end_context(ContextView& ctx) = 0;
   // After end_context: true if the press keeps judging question and generated tokens.
   virtual bool prunes_decoding() const = 0;
+  // Inside a context: the press frees entries every this many positions (a step must not cross a
+  // multiple of it, Engine::step cuts it there); 0 = it frees nothing before end_context.
+  virtual int64_t context_eviction_interval() const { return 0; }
   // A copy of this press and its per-sequence state, for a fork of the sequence (shares the scorer's
   // read-only weights). Null if the press cannot be copied mid-sequence (then the fork gets no press).
   virtual std::unique_ptr<Press> clone() const { return nullptr; }

@@ -75,6 +75,9 @@ std::unique_ptr<Press> make_press(const PressOptions& options, const Model& mode
     parse_ratio_scope(opt.ratio_scope);
     // Decoding-time pruning is the threshold policy's; a ratio press only compresses the context.
     if (opt.decoding) throw Error("pruning while decoding needs a threshold press, not a ratio");
+    if (opt.prefill_evict_every > 0)
+      throw Error("evicting while prefilling needs a threshold press: with a ratio, press '" + opt.name +
+                  "' judges the whole context once it is complete");
   }
 
   std::unique_ptr<Scorer> scorer = entry.make(opt, model);

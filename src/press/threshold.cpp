@@ -34,20 +34,24 @@ ThresholdPress::ThresholdPress(std::unique_ptr<Scorer> scorer, const PressOption
       scorer_name_(opt.name),
       threshold_(opt.threshold),
       window_(opt.window),
+      evict_every_(opt.prefill_evict_every),
       sink_tokens_(opt.sink_tokens),
       decoding_(opt.decoding),
       sliding_layers_(opt.sliding_layers) {
   if (!scorer_ || !scorer_->per_step()) throw Error("internal: the threshold policy needs a per-step scorer");
   if (window_ < 0) throw Error("the window must be >= 0, got " + std::to_string(window_));
   if (sink_tokens_ < 0) throw Error("the sink token count must be >= 0, got " + std::to_string(sink_tokens_));
+  if (evict_every_ < 0) throw Error("the prefill eviction interval must be >= 0, got " + std::to_string(evict_every_));
 }
 
 std::string ThresholdPress::name() const {
   char buf[160];
   char sinks[32] = "";
   if (sink_tokens_ > 0) std::snprintf(sinks, sizeof sinks, ", %d sink tokens", sink_tokens_);
-  std::snprintf(buf, sizeof buf, "%s (threshold %g, window %d%s%s)", scorer_name_.c_str(), threshold_, window_, sinks,
-                decoding_ ? ", decoding" : "");
+  char every[48] = "";
+  if (evict_every_ > 0) std::snprintf(every, sizeof every, ", prefill every %lld", (long long)evict_every_);
+  std::snprintf(buf, sizeof buf, "%s (threshold %g, window %d%s%s%s)", scorer_name_.c_str(), threshold_, window_, sinks,
+                every, decoding_ ? ", decoding" : "");
   return buf;
 }
 
@@ -83,8 +87,24 @@ void ThresholdPress::after_attention(const LayerStep& step, KvCache& cache) {
     win.score[(size_t)h].insert(win.score[(size_t)h].end(), s, s + n);
   }
 
-  if (in_context_) return;  // judged at finish_context
+  if (in_context_) {
+    // Judged at finish_context, or at each multiple of evict_every_ the step ends on.
+    if (evict_every_ > 0) {
+      const int64_t end = (int64_t)step.pos[n - 1] + 1;
+      const int64_t boundary = end / evict_every_ * evict_every_;
+      if (boundary - window_ > 0) evict_before(step.layer, (int32_t)(boundary - window_), cache);
+    }
+    return;
+  }
   evict_overflow(step.layer, cache);
+}
+
+void ThresholdPress::evict_before(int layer, int32_t limit, KvCache& cache) {
+  Window& win = windows_[(size_t)layer];
+  const size_t n_leave = (size_t)(std::lower_bound(win.pos.begin(), win.pos.end(), limit) - win.pos.begin());
+  if (n_leave == 0) return;
+  evict_leaving(layer, n_leave, cache);
+  win.drop_front(n_leave);
 }
 
 void ThresholdPress::evict_overflow(int layer, KvCache& cache) {

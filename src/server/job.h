@@ -86,6 +86,9 @@ struct Job {
   std::vector<int32_t> generated;  // sampled tokens that were (or are about to be) fed
   int64_t completion_tokens = 0, cached_tokens = 0;
   int preemptions = 0;
+  // KV pages the request held when it was last preempted: it is not admitted again before that much is
+  // free, so it does not restart only to be preempted at the same point.
+  int64_t pages_at_preemption = 0;
   bool admitted_once = false;
   Clock::time_point admitted{}, first_token{}, last_token{};
 };

@@ -60,6 +60,13 @@ std::string Metrics::render() const {
   metric(out, "counter", "kvzap:generation_tokens_total", "generated tokens", (double)generation_tokens_total.load());
   metric(out, "counter", "kvzap:prefix_cache_queries_total", "prompt tokens looked up in the compressed-prefix cache", (double)prefix_cache_queries_total.load());
   metric(out, "counter", "kvzap:prefix_cache_hits_total", "prompt tokens served from the compressed-prefix cache", (double)prefix_cache_hits_total.load());
+  const double queries = (double)prefix_cache_queries_total.load();
+  metric(out, "gauge", "kvzap:prefix_cache_hit_rate", "share of looked-up prompt tokens served from the prefix cache (0 before any lookup)",
+         queries > 0 ? (double)prefix_cache_hits_total.load() / queries : 0);
+  metric(out, "counter", "kvzap:prefix_cache_evictions_total", "cached prefixes dropped (LRU, or yielding pages to running requests)",
+         (double)prefix_cache_evictions_total.load());
+  metric(out, "gauge", "kvzap:num_requests_prefilling", "running requests still feeding their prompt (at most --max-prefills)",
+         (double)num_requests_prefilling.load());
   metric(out, "counter", "kvzap:request_success_total", "requests finished normally", (double)requests_finished_total.load());
   metric(out, "counter", "kvzap:request_cancelled_total", "requests cancelled (client gone, shutdown)", (double)requests_cancelled_total.load());
   metric(out, "counter", "kvzap:request_rejected_total", "requests refused before running (4xx, queue full)", (double)requests_rejected_total.load());

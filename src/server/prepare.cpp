@@ -28,12 +28,15 @@ std::unique_ptr<Press> PressFactory::make(const PressOptions& o, const std::stri
 bool resolve_press(const std::optional<KvCompressionSpec>& spec, const ServerDefaults& d, PressOptions& out) {
   if (!spec) {
     out = d.press;
+    out.prefill_evict_every = out.has_ratio ? 0 : d.prefill_evict_every;
     return d.has_press;
   }
   if (spec->press && *spec->press == "none") {
-    if (spec->threshold || spec->ratio || spec->window || spec->sink_tokens || spec->decoding || spec->sliding_layers)
+    if (spec->threshold || spec->ratio || spec->window || spec->sink_tokens || spec->decoding || spec->sliding_layers ||
+        spec->prefill_evict_every)
       throw invalid_request(
-          "kv_compression: press \"none\" takes no threshold, ratio, window, sink_tokens, decoding or sliding_layers");
+          "kv_compression: press \"none\" takes no threshold, ratio, window, sink_tokens, prefill_evict_every, decoding "
+          "or sliding_layers");
     return false;
   }
   if (spec->press && (!d.has_press || *spec->press != d.press.name)) {
@@ -56,15 +59,16 @@ bool resolve_press(const std::optional<KvCompressionSpec>& spec, const ServerDef
   if (spec->sink_tokens) out.sink_tokens = *spec->sink_tokens;
   if (spec->decoding) out.decoding = *spec->decoding;
   if (spec->sliding_layers) out.sliding_layers = *spec->sliding_layers;
+  out.prefill_evict_every = spec->prefill_evict_every ? *spec->prefill_evict_every : out.has_ratio ? 0 : d.prefill_evict_every;
   return true;
 }
 
 std::string press_settings_key(bool has_press, const PressOptions& o) {
   if (!has_press) return "none";
   char buf[512];
-  std::snprintf(buf, sizeof buf, "%s|t=%d:%.17g|r=%d:%.17g|scope=%s|w=%d|sink=%d|dec=%d|slide=%d|sur=%s|seed=%llu",
+  std::snprintf(buf, sizeof buf, "%s|t=%d:%.17g|r=%d:%.17g|scope=%s|w=%d|sink=%d|every=%d|dec=%d|slide=%d|sur=%s|seed=%llu",
                 o.name.c_str(), (int)o.has_threshold, o.threshold, (int)o.has_ratio, o.ratio, o.ratio_scope.c_str(),
-                o.window, o.sink_tokens, (int)o.decoding, (int)o.sliding_layers, o.surrogate_dir.c_str(), (unsigned long long)o.seed);
+                o.window, o.sink_tokens, o.prefill_evict_every, (int)o.decoding, (int)o.sliding_layers, o.surrogate_dir.c_str(), (unsigned long long)o.seed);
   return buf;
 }
 

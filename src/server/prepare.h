@@ -16,6 +16,10 @@ namespace kvzap::server {
 struct ServerDefaults {
   bool has_press = false;
   PressOptions press;               // the server's --press settings
+  // Threshold presses judge a prompt every this many positions while prefilling it (serve
+  // --prefill-evict-every), so a request holds about its pruned size, not its whole prompt; a request's
+  // kv_compression.prefill_evict_every overrides it. Ratio presses judge whole contexts (0 for them).
+  int prefill_evict_every = 0;
   RequestLimits limits;
   double request_timeout_s = 600;   // per-request time limit
 };

@@ -172,12 +172,14 @@ KvCompressionSpec parse_kv_compression(const json& v) {
       s.window = (int)get_integer(val, f, 0, 1 << 20);
     } else if (key == "sink_tokens") {
       s.sink_tokens = (int)get_integer(val, f, 0, 1 << 20);
+    } else if (key == "prefill_evict_every") {
+      s.prefill_evict_every = (int)get_integer(val, f, 0, 1 << 20);
     } else if (key == "decoding") {
       s.decoding = get_bool(val, f);
     } else if (key == "sliding_layers") {
       s.sliding_layers = get_bool(val, f);
     } else {
-      throw invalid_request("unknown field '" + f + "' (expected press, threshold, ratio, window, sink_tokens, decoding, sliding_layers)");
+      throw invalid_request("unknown field '" + f + "' (expected press, threshold, ratio, window, sink_tokens, prefill_evict_every, decoding, sliding_layers)");
     }
   }
   if (s.threshold && s.ratio) throw invalid_request("'kv_compression' takes either 'threshold' or 'ratio', not both");

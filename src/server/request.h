@@ -31,6 +31,7 @@ struct KvCompressionSpec {
   std::optional<double> ratio;
   std::optional<int> window;
   std::optional<int> sink_tokens;  // threshold presses never evict the first N positions
+  std::optional<int> prefill_evict_every;  // threshold presses: judge the prompt every N positions (0 = at its end)
   std::optional<bool> decoding;
   std::optional<bool> sliding_layers;  // also prune sliding-window layers (Gemma 3's local layers)
 };

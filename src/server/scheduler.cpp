@@ -20,6 +20,7 @@ struct Scheduler::Active {
   size_t fed = 0;
   size_t prompt_end = 0;      // index in feed where the prompt ends (the context boundary)
   bool fresh_context = false; // the prompt goes in as a context (press begin/end_context), not after a cached prefix
+  int64_t evict_every = 0;    // the press frees prompt entries every this many positions (0 = only at the prompt's end)
   bool context_begun = false;
   bool decoding = false;      // next_token is fed in the next step
   bool prefill_blocked = false;
@@ -97,11 +98,34 @@ std::unique_ptr<Press> Scheduler::make_job_press(Job& job) {
   return make_press(job.press_options, engine_.model());
 }
 
+// Pages a request still feeding its prompt may take before it can free any: its next chunk when its
+// press frees entries as the prompt goes in, else everything left to feed.
+int64_t Scheduler::prefill_reservation(const Active& a) const {
+  const int64_t left = (int64_t)(a.feed.size() - a.fed);
+  if (a.evict_every > 0 && a.fed < a.prompt_end) {
+    const int64_t to_boundary = a.evict_every - a.seq->n_past() % a.evict_every;
+    return a.seq->cache().pages_needed(std::min(left, to_boundary));
+  }
+  return a.seq->cache().pages_needed(left);
+}
+
 int64_t Scheduler::reserved_prefill_pages() const {
   int64_t pages = 0;
   for (const auto& a : running_)
-    if (!a->decoding && !a->done) pages += a->seq->cache().pages_needed((int64_t)(a->feed.size() - a->fed));
+    if (!a->decoding && !a->done && a->fed < a->feed.size()) pages += prefill_reservation(*a);
   return pages;
+}
+
+int Scheduler::n_prefilling() const {
+  int n = 0;
+  for (const auto& a : running_) n += !a->done && !a->decoding && a->fed < a->feed.size();
+  return n;
+}
+
+bool Scheduler::yield_prefix() {
+  if (!prefix_.evict_lru()) return false;
+  metrics_.prefix_cache_evictions_total++;
+  return true;
 }
 
 void Scheduler::log_request(const Job& job, const std::string& outcome, const Usage& u) {
@@ -190,39 +214,39 @@ bool Scheduler::try_admit(std::unique_ptr<Job>& job) {
   auto a = std::make_unique<Active>();
   const size_t reused = hit ? hit->tokens.size() : 0;
   a->seq = hit ? hit->seq->fork() : engine_.new_sequence();
-  if (!hit && job->has_press) a->seq->set_press(make_job_press(*job));
   a->feed.assign(job->prompt.begin() + (long)reused, job->prompt.end());
   a->prompt_end = a->feed.size();
   a->feed.insert(a->feed.end(), job->generated.begin(), job->generated.end());
   a->fresh_context = !hit;
+  a->evict_every = a->fresh_context && job->has_press ? job->press_options.prefill_evict_every : 0;
 
   const ModelConfig& cfg = engine_.model().config();
   const int64_t headroom = (int64_t)cfg.n_layer * cfg.n_head_kv;  // one fresh page per stream for decoding
-  const int64_t need = a->seq->cache().pages_needed((int64_t)a->feed.size()) + headroom;
   PagePool& pool = engine_.pages();
+  const int64_t reserve = a->feed.empty() ? 0 : prefill_reservation(*a);
+  auto refuse = [&](const std::string& why) {
+    a.reset();
+    queued_--;
+    fail_waiting(std::move(job), ApiError(400, "invalid_request_error", why));
+    return true;
+  };
+  // Nothing is freed before the prompt's end: a prompt over the whole budget can never run.
+  if (pool.budget_bytes() > 0 && a->evict_every == 0 && reserve + headroom > pool.budget_bytes() / pool.page_bytes())
+    return refuse("the request needs " + std::to_string((reserve + headroom) * pool.page_bytes() / 1024) +
+                  " KiB of KV cache, more than the server's whole KV budget of " + std::to_string(pool.budget_bytes() / 1024) +
+                  " KiB (--kv-budget)");
+  if (!a->feed.empty() && n_prefilling() >= opt_.max_prefills) return false;
+  const int64_t need = std::max(reserve + headroom, job->pages_at_preemption);
   auto available = [&] { return pool.pages_available() - reserved_prefill_pages(); };
-  // A prompt that needs a large share of the budget waits until no other prompt is being prefilled:
-  // prefill runs one request at a time anyway (chunks are handed out in order), and every admitted
-  // prompt reserves its full, not yet pruned, size — so admitting several at once would hold back
-  // room that pruned requests could use to decode.
-  if (pool.budget_bytes() > 0 && need * 8 > pool.budget_bytes() / pool.page_bytes()) {
-    for (const auto& r : running_)
-      if (!r->done && !r->decoding && r->fed < r->feed.size()) return false;
-  }
-  while (need > available() && prefix_.evict_lru()) {}
+  while (need > available() && yield_prefix()) {}
   if (need > available()) {
-    if (running_.empty()) {
-      const int64_t pb = pool.page_bytes();
-      a.reset();
-      queued_--;
-      fail_waiting(std::move(job),
-                   ApiError(400, "invalid_request_error",
-                            "the request needs " + std::to_string(need * pb / 1024) + " KiB of KV cache, more than the server's whole KV budget of " +
-                                std::to_string(pool.budget_bytes() / 1024) + " KiB (--kv-budget)"));
-      return true;
-    }
+    if (running_.empty())  // the whole pool is free and still too small for one chunk
+      return refuse("the request needs " + std::to_string(need * pool.page_bytes() / 1024) +
+                    " KiB of KV cache to start, more than the server's whole KV budget of " +
+                    std::to_string(pool.budget_bytes() / 1024) + " KiB (--kv-budget)");
     return false;
   }
+  if (!hit && job->has_press) a->seq->set_press(make_job_press(*job));  // made once admitted: a surrogate press is not cheap
 
   GenerationOptions g = job->gen;
   g.max_new_tokens = std::max<int>(1, job->gen.max_new_tokens - (int)job->completion_tokens);
@@ -299,7 +323,10 @@ void Scheduler::build_segments() {
     if (a->decoding || a->fed >= a->feed.size() || budget <= 0) continue;
     // Chunks never cross the prompt's end: the press closes the context there.
     const size_t end = a->fed < a->prompt_end ? a->prompt_end : a->feed.size();
-    const int64_t n = std::min<int64_t>(budget, (int64_t)(end - a->fed));
+    int64_t n = std::min<int64_t>(budget, (int64_t)(end - a->fed));
+    // Generated tokens replayed after a preemption go one per step when the press prunes while decoding:
+    // each is judged, and attends, exactly as when it was first decoded.
+    if (a->fed >= a->prompt_end && a->seq->press() && a->seq->press()->prunes_decoding()) n = 1;
     if (a->fresh_context && !a->context_begun) {
       a->seq->begin_context();
       a->context_begun = true;
@@ -317,6 +344,7 @@ void Scheduler::preempt(size_t index) {
   running_.erase(running_.begin() + (long)index);
   std::unique_ptr<Job> job = std::move(a->job);
   job->preemptions++;
+  job->pages_at_preemption = a->seq->cache().bytes_resident() / engine_.pages().page_bytes();
   metrics_.num_preemptions_total++;
   if (opt_.log_requests)
     std::fprintf(stderr, "[serve] %s preempted (KV budget full): recomputed later from %zu prompt + %zu generated tokens\n",
@@ -326,8 +354,10 @@ void Scheduler::preempt(size_t index) {
   waiting_.push_front(std::move(job));
 }
 
-bool Scheduler::free_memory_for_decode() {
-  if (prefix_.evict_lru()) return true;
+// Frees pages for the running requests: a cached prefix first, else the youngest request is preempted.
+// False when neither is possible (one request alone holds the pool).
+bool Scheduler::free_memory() {
+  if (yield_prefix()) return true;
   if (running_.size() > 1) {
     size_t youngest = 0;
     for (size_t i = 1; i < running_.size(); i++)
@@ -339,11 +369,12 @@ bool Scheduler::free_memory_for_decode() {
 }
 
 void Scheduler::after_step() {
-  bool out_of_memory = false, progressed = false;
+  bool out_of_memory = false, progressed = false, any_blocked = false;
   for (size_t i = 0; i < segments_.size(); i++) {
     const Segment& s = segments_[i];
     Active& a = *segment_owner_[i];
     if (s.status == SegmentStatus::OutOfKvMemory) {
+      any_blocked = true;
       if (a.decoding) out_of_memory = true;
       a.prefill_blocked = true;
       continue;
@@ -364,14 +395,33 @@ void Scheduler::after_step() {
     if (a.fed == a.feed.size()) sample(a);
   }
   if (out_of_memory || !progressed || engine_.pages().over_budget()) {
-    if (!free_memory_for_decode()) {
-      // One request alone outgrew the whole budget: it ends as if it hit its token limit.
-      for (auto& a : running_)
-        if (!a->done && (a->decoding || a->prefill_blocked)) {
-          if (opt_.log_requests) std::fprintf(stderr, "[serve] %s: KV budget exhausted by this request alone\n", a->job->id.c_str());
+    if (!free_memory()) {
+      // One request alone outgrew the whole budget: a prompt that does not fit even as its press prunes
+      // it is refused; a generation ends as if it hit its token limit.
+      for (auto& a : running_) {
+        if (a->done || !(a->decoding || a->prefill_blocked)) continue;
+        if (opt_.log_requests) std::fprintf(stderr, "[serve] %s: KV budget exhausted by this request alone\n", a->job->id.c_str());
+        if (a->decoding) {
           finish(*a, "length");
+          continue;
         }
+        const PagePool& pool = engine_.pages();
+        StreamEvent e;
+        e.kind = StreamEvent::Kind::Error;
+        e.error = ApiError(400, "invalid_request_error",
+                           "the prompt does not fit the server's KV budget of " + std::to_string(pool.budget_bytes() / 1024) +
+                               " KiB (--kv-budget) even as its press prunes it: " + std::to_string(a->seq->cache().bytes_resident() / 1024) +
+                               " KiB held after " + std::to_string(a->fed) + " of its " + std::to_string(a->prompt_end) + " tokens");
+        a->job->channel->push(std::move(e));
+        Usage u;
+        u.prompt_tokens = (int64_t)a->job->prompt.size();
+        log_request(*a->job, "error=400", u);
+        a->done = true;
+        busy_--;
+      }
     }
+  } else if (any_blocked) {
+    yield_prefix();  // a prompt is waiting for pages while others run: the cache goes first
   }
   running_.erase(std::remove_if(running_.begin(), running_.end(), [](const auto& a) { return a && a->done; }), running_.end());
 }
@@ -385,6 +435,7 @@ void Scheduler::publish_metrics() {
   metrics_.kv_evicted_entries_total = pool.entries_evicted_total();
   metrics_.prefix_cache_bytes = prefix_.bytes();
   metrics_.num_requests_running = (int64_t)running_.size();
+  metrics_.num_requests_prefilling = n_prefilling();
   metrics_.num_requests_waiting = queued_.load();
 }
 

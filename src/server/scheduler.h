@@ -2,10 +2,21 @@
 // the prefix cache; HTTP threads only submit Jobs, post tasks and read metrics.
 //
 // Every iteration: drop cancelled or timed-out requests (their pages go back to the pool at once),
-// admit waiting requests while KV pages allow (FIFO; --parallel at most), then run one forward step with
-// one decode token per decoding request and prefill chunks of admitted ones in the remaining token
-// budget. When decoding requests outgrow the budget: cached prefixes go first, then the youngest running
-// request is preempted and recomputed later (prompt + its generated tokens), never killed.
+// admit waiting requests while KV pages allow (FIFO; --parallel at most, --max-prefills of them still
+// feeding their prompts), then run one forward step with one decode token per decoding request and
+// prefill chunks of admitted ones in the remaining token budget.
+//
+// Admission is by what a request really holds. A request whose press frees entries while prefilling
+// (Press::context_eviction_interval > 0: KVzap and the other per-token threshold presses) reserves only
+// its next chunk: its pages are taken as they are written and freed as its prompt is judged, so it holds
+// about kept + window + one interval. Any other request (no press, or a press that judges the whole
+// context, e.g. KVzip, SnapKV, ratio budgets) reserves its whole remaining prompt, which it will hold
+// until the context ends; one that exceeds the whole budget is refused at once. Under pressure, cached
+// prefixes go first (a cache yields to running requests), then the youngest running request is
+// preempted and recomputed later (prompt + its generated tokens, fed so that the press judges them
+// exactly as before), never killed; it is admitted again only once as many pages are free as it held. A
+// request that runs alone and still cannot get a page ends with a clear error (prefill) or with
+// finish_reason "length" (decoding).
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -31,6 +42,9 @@ struct SchedulerOptions {
   // A step costs about its token count, so a long prefill chunk would stall every decoding stream for
   // that step: the inter-token latency of running requests is bounded by this cap instead.
   int64_t prefill_chunk_while_decoding = 64;
+  // Most running requests still feeding their prompts: prefill compute goes to a few requests at a time
+  // instead of being split among many half-finished ones, each holding its partial cache.
+  int max_prefills = 2;
   int64_t prefix_cache_bytes = 0;   // 0 = no prefix reuse
   bool log_requests = true;         // one line per request on stderr
 };
@@ -66,10 +80,13 @@ class Scheduler {
   void sample(Active& a);
   void finish(Active& a, const std::string& finish_reason);
   void fail_waiting(std::unique_ptr<Job> job, const ApiError& err);
-  bool free_memory_for_decode();
+  bool free_memory();
+  bool yield_prefix();
   void preempt(size_t index);
   void publish_metrics();
+  int64_t prefill_reservation(const Active& a) const;
   int64_t reserved_prefill_pages() const;
+  int n_prefilling() const;
   void log_request(const Job& job, const std::string& outcome, const Usage& u);
   std::unique_ptr<Press> make_job_press(Job& job);
 
