@@ -202,6 +202,11 @@ void Sequence::set_press(std::unique_ptr<Press> press) {
   in_context_ = false;
 }
 
+void Sequence::set_press_after_context(std::unique_ptr<Press> press) {
+  set_press(std::move(press));
+  observer_ = press_ && press_->prunes_decoding() ? press_ : nullptr;
+}
+
 void Sequence::attach_press(Press* press) {
   owned_press_.reset();
   press_ = press;

@@ -153,6 +153,9 @@ class Sequence {
 
   // The press of this sequence (owned), or one the caller keeps alive (attach_press); null = none.
   void set_press(std::unique_ptr<Press> press);
+  // A press for a sequence whose context is already in (a restored cache file): it judges only what
+  // comes next, and only if it prunes while decoding.
+  void set_press_after_context(std::unique_ptr<Press> press);
   void attach_press(Press* press);
   Press* press() { return press_; }
   // Any observer for the next steps, replacing what the context protocol chose (null = none).

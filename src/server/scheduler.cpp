@@ -246,7 +246,12 @@ bool Scheduler::try_admit(std::unique_ptr<Job>& job) {
                     std::to_string(pool.budget_bytes() / 1024) + " KiB (--kv-budget)");
     return false;
   }
-  if (!hit && job->has_press) a->seq->set_press(make_job_press(*job));  // made once admitted: a surrogate press is not cheap
+  // Made once admitted: a surrogate press is not cheap. A cached prefix carries its press (a fork clones
+  // it), except one restored from a slot file: it gets a press that judges what comes next.
+  if (job->has_press && (!hit || !a->seq->press())) {
+    if (hit) a->seq->set_press_after_context(make_job_press(*job));
+    else a->seq->set_press(make_job_press(*job));
+  }
 
   GenerationOptions g = job->gen;
   g.max_new_tokens = std::max<int>(1, job->gen.max_new_tokens - (int)job->completion_tokens);

@@ -157,3 +157,34 @@ def test_the_prefix_cache_yields_to_running_requests_and_reports_its_hit_rate():
         assert 0 < m["kvzap:prefix_cache_hit_rate"] < 1
     finally:
         assert s.stop() == 0
+
+
+def test_a_restored_slot_keeps_pruning_while_decoding(tmp_path):
+    # A context saved under a decode press and restored by a fresh server: the request served from it
+    # still prunes its generated tokens (the restored sequence gets the request's press). The saved
+    # context's last window was not judged when it was saved, and stays unjudged.
+    comp = {"press": "kvzap-mlp", "threshold": -4, "decoding": True, "window": 16}
+    body = {"filename": "dec.kvc", "prompt": words(300), "kv_compression": comp}
+    s = Server("--slot-save-path", str(tmp_path))
+    try:
+        with s.client() as c:
+            saved = c.post("/slots/save", json=body)
+            assert saved.status_code == 200, saved.text
+            info = saved.json()
+    finally:
+        assert s.stop() == 0
+    fresh = Server("--slot-save-path", str(tmp_path))
+    try:
+        with fresh.client() as c:
+            assert c.post("/slots/restore", json={"filename": "dec.kvc"}).status_code == 200
+            r = c.post("/v1/completions", json={"prompt": body["prompt"], "max_tokens": 200, "temperature": 0,
+                                                "ignore_eos": True, "kv_compression": comp})
+            assert r.status_code == 200, r.text
+            u = r.json()["usage"]
+            assert u["prompt_tokens_details"]["cached_tokens"] == info["n_tokens"]
+            per_token = info["kv_bytes_full"] / info["n_tokens"]
+            grown = u["kv_compression"]["kv_bytes"] - info["kv_bytes"]
+            # Unpruned, 200 generated tokens would add 200 tokens' bytes; the decode press frees most of them.
+            assert grown < 0.8 * 200 * per_token, (grown, per_token)
+    finally:
+        assert fresh.stop() == 0
