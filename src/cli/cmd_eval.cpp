@@ -32,18 +32,9 @@ std::optional<PressOptions> press_options(const PressArgs& a, bool scope_given) 
       throw Error("--threshold/--ratio/--decode-press/--surrogate need a --press other than none");
     return std::nullopt;
   }
-  PressOptions o;
-  o.name = a.name;
-  o.has_threshold = has_t;
-  o.threshold = a.threshold;
-  o.has_ratio = has_r;
-  o.ratio = a.ratio;
+  PressOptions o = a.options();  // every flag, sinks and sliding layers included
   // Without --ratio-scope, split the budget as kvpress does for this press.
   o.ratio_scope = scope_given ? a.scope : eval::kvpress_ratio_scope(a.name);
-  o.window = a.window;
-  o.decoding = a.decoding;
-  o.surrogate_dir = a.surrogate;
-  o.seed = a.seed;
   return o;
 }
 
