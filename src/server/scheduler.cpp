@@ -336,6 +336,9 @@ void Scheduler::build_segments() {
       a->seq->begin_context();
       a->context_begun = true;
     }
+    // The engine would cut the chunk at the press's next eviction boundary: cut it here, so the rest of
+    // the step's token budget goes to other requests' chunks.
+    if (const int64_t limit = a->seq->context_step_limit(); limit > 0) n = std::min(n, limit);
     // Logits at the prompt's end too, so a cached prefix can be sampled from directly.
     const bool last = a->fed + (size_t)n == a->feed.size() || a->fed + (size_t)n == a->prompt_end;
     segments_.push_back({a->seq.get(), a->feed.data() + a->fed, n, last ? LogitsMode::Last : LogitsMode::None});
