@@ -2,7 +2,11 @@
 
 #include <httplib.h>
 
+#include <strings.h>
 #include <sys/socket.h>
+
+#include <algorithm>
+#include <set>
 
 #include <atomic>
 #include <cstdio>
@@ -28,6 +32,23 @@ void send_json(httplib::Response& res, int status, const json& body) {
 }
 
 void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.status(), e.body()); }
+
+// An error answered before the body was read (or when it was read only in part): the connection must
+// close, or the rest of the body would be parsed as the next request. httplib 0.11 closes a connection
+// when a content provider fails, so the provider writes the whole answer and then reports failure.
+void send_error_and_close(httplib::Response& res, const ApiError& e) {
+  auto text = std::make_shared<std::string>(dump_json(e.body()));
+  res.status = e.status();
+  res.set_header("Connection", "close");
+  res.set_content_provider(text->size(), "application/json", [text](size_t offset, size_t length, httplib::DataSink& sink) {
+    sink.write(text->data() + offset, std::min(length, text->size() - offset));
+    return false;
+  });
+}
+
+bool closing(const httplib::Response& res) { return res.get_header_value("Connection") == "close"; }
+
+bool iequals(const std::string& a, const char* b) { return strcasecmp(a.c_str(), b) == 0; }
 
 }  // namespace
 
@@ -62,7 +83,76 @@ struct HttpServer::Impl {
     return buf;
   }
 
-  // Wraps a handler: ApiError -> its status and body; anything else -> 500. The server stays up.
+  using BodyHandler = std::function<void(const httplib::Request&, const std::string& body, httplib::Response&)>;
+
+  void fail(const httplib::Request& req, httplib::Response& res, const ApiError& e, bool close) {
+    metrics.requests_rejected_total++;
+    log(req, e.status(), e.type() + ": " + e.what());
+    if (close) send_error_and_close(res, e);
+    else send_error(res, e);
+  }
+
+  // Runs on the headers, before httplib reads any body byte: authentication, the declared size, the
+  // framing. A request refused here with a body still unread is answered and its connection closed.
+  httplib::Server::HandlerResponse screen(const httplib::Request& req, httplib::Response& res) {
+    const bool chunked = req.has_header("Transfer-Encoding");
+    const bool sized = req.has_header("Content-Length");
+    const bool has_body = chunked || sized;
+    auto refuse = [&](const ApiError& e) {
+      fail(req, res, e, has_body);
+      return httplib::Server::HandlerResponse::Handled;
+    };
+    if (chunked && !iequals(req.get_header_value("Transfer-Encoding"), "chunked"))
+      return refuse(ApiError(501, "invalid_request_error", "only the 'chunked' transfer coding is supported"));
+    if (chunked && sized) return refuse(invalid_request("a request may not have both Transfer-Encoding and Content-Length"));
+    if (sized) {
+      const std::string v = req.get_header_value("Content-Length");
+      if (v.empty() || v.size() > 19 || v.find_first_not_of("0123456789") != std::string::npos)
+        return refuse(invalid_request("malformed Content-Length"));
+    }
+    const bool health = req.path == "/health" || req.path == "/v1/health";
+    const bool post_route = req.method == "POST" && post_paths.count(req.path);
+    if (has_body && !post_route) return refuse(ApiError(404, "not_found_error", "no route " + req.method + " " + req.path + " takes a body"));
+    if (health) return httplib::Server::HandlerResponse::Unhandled;
+    if (opt.keys.enabled() && tenant_of(req) < 0)
+      return refuse(ApiError(401, "authentication_error", "Invalid API Key: send it as 'Authorization: Bearer KEY' or 'X-Api-Key: KEY'"));
+    if (!ready.load()) return refuse(unavailable("Loading model"));
+    if (sized && std::stoull(req.get_header_value("Content-Length")) > opt.max_body_bytes) return refuse(too_large());
+    if (req.get_header_value("Content-Type").rfind("multipart/", 0) == 0)
+      return refuse(ApiError(415, "invalid_request_error", "multipart bodies are not supported: send JSON"));
+    return httplib::Server::HandlerResponse::Unhandled;
+  }
+
+  ApiError too_large() const {
+    return ApiError(413, "invalid_request_error", "the request body is larger than the limit of " + std::to_string(opt.max_body_bytes) + " bytes");
+  }
+
+  // Reads the body (any framing) up to --max-body, then runs the handler: ApiError -> its status and body;
+  // anything else -> 500. The server stays up.
+  httplib::Server::HandlerWithContentReader guarded_body(BodyHandler fn) {
+    return [this, fn](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+      in_flight++;
+      struct Done {
+        std::atomic<int>& n;
+        ~Done() { n--; }
+      } done{in_flight};
+      std::string body;
+      bool over = false;
+      const bool whole = reader([&](const char* data, size_t n) {
+        if (body.size() + n > opt.max_body_bytes) {
+          over = true;
+          return false;
+        }
+        body.append(data, n);
+        return true;
+      });
+      if (over) return fail(req, res, too_large(), true);
+      if (!whole) return fail(req, res, invalid_request("the request body could not be read"), true);
+      run(req, res, [&] { fn(req, body, res); });
+    };
+  }
+
+  // Wraps a handler without a body (GET routes).
   httplib::Server::Handler guarded(std::function<void(const httplib::Request&, httplib::Response&)> fn) {
     return [this, fn](const httplib::Request& req, httplib::Response& res) {
       in_flight++;
@@ -70,28 +160,34 @@ struct HttpServer::Impl {
         std::atomic<int>& n;
         ~Done() { n--; }
       } done{in_flight};
-      try {
-        // Checked here, after httplib has read the body: an answer sent before it would leave the body
-        // in the connection to be parsed as the next request.
-        if (!ready.load()) throw unavailable("Loading model");
-        if (opt.keys.enabled() && tenant_of(req) < 0)
-          throw ApiError(401, "authentication_error", "Invalid API Key: send it as 'Authorization: Bearer KEY' or 'X-Api-Key: KEY'");
-        fn(req, res);
-      } catch (const ApiError& e) {
-        metrics.requests_rejected_total++;
-        log(req, e.status(), e.type() + ": " + e.what());
-        send_error(res, e);
-      } catch (const std::exception& e) {
-        log(req, 500, e.what());
-        send_error(res, ApiError(500, "server_error", std::string("internal error: ") + e.what()));
-      }
+      run(req, res, [&] { fn(req, res); });
     };
   }
 
+  void run(const httplib::Request& req, httplib::Response& res, const std::function<void()>& fn) {
+    try {
+      if (!ready.load()) throw unavailable("Loading model");  // also checked in screen(); kept for safety
+      if (opt.keys.enabled() && tenant_of(req) < 0)
+        throw ApiError(401, "authentication_error", "Invalid API Key: send it as 'Authorization: Bearer KEY' or 'X-Api-Key: KEY'");
+      fn();
+    } catch (const ApiError& e) {
+      fail(req, res, e, false);
+    } catch (const std::exception& e) {
+      log(req, 500, e.what());
+      send_error(res, ApiError(500, "server_error", "internal error"));
+    }
+  }
+
+  std::set<std::string> post_paths;
+
   void routes();
-  void completion(const httplib::Request& req, httplib::Response& res, Endpoint ep);
-  void slots_save(const httplib::Request& req, httplib::Response& res);
-  void slots_restore(const httplib::Request& req, httplib::Response& res);
+  void completion(const httplib::Request& req, const std::string& body, httplib::Response& res, Endpoint ep);
+  void slots_save(const httplib::Request& req, const std::string& body, httplib::Response& res);
+  void slots_restore(const httplib::Request& req, const std::string& body, httplib::Response& res);
+  void post(const std::string& path, BodyHandler fn) {
+    post_paths.insert(path);
+    http.Post(path, guarded_body(std::move(fn)));
+  }
   std::string slot_path(const json& body) const {
     if (opt.slot_save_path.empty())
       throw ApiError(501, "not_supported_error", "slot saving is disabled: start the server with --slot-save-path DIR");
@@ -99,8 +195,8 @@ struct HttpServer::Impl {
   }
 };
 
-void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response& res, Endpoint ep) {
-  const json body = parse_body(req.body);
+void HttpServer::Impl::completion(const httplib::Request& req, const std::string& text, httplib::Response& res, Endpoint ep) {
+  const json body = parse_body(text);
   const CompletionRequest r = ep == Endpoint::Chat ? parse_chat_request(body, defaults.limits) : parse_completion_request(body, defaults.limits);
   const std::string id = new_id(ep == Endpoint::Chat ? "chatcmpl-" : "cmpl-");
   std::unique_ptr<Job> job = prepare_job(r, *model, engine->n_ctx(), defaults, *presses, tenant_of(req), id);
@@ -177,8 +273,8 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
       });
 }
 
-void HttpServer::Impl::slots_save(const httplib::Request& req, httplib::Response& res) {
-  json body = parse_body(req.body);
+void HttpServer::Impl::slots_save(const httplib::Request& req, const std::string& text, httplib::Response& res) {
+  json body = parse_body(text);
   const std::string path = slot_path(body);
   body.erase("filename");
   body["max_tokens"] = 1;
@@ -209,7 +305,8 @@ void HttpServer::Impl::slots_save(const httplib::Request& req, httplib::Response
     try {
       save_cache_file(path, *model, e->seq->cache(), meta);
     } catch (const Error& err) {
-      throw ApiError(500, "server_error", err.what());
+      log(req, 500, err.what());  // the full message, with the server's folder, only in the log
+      throw ApiError(500, "server_error", "the slot file '" + std::filesystem::path(path).filename().string() + "' could not be written");
     }
     const KvCache& c = e->seq->cache();
     out = {{"filename", std::filesystem::path(path).filename().string()}, {"n_tokens", prompt.size()},
@@ -220,8 +317,8 @@ void HttpServer::Impl::slots_save(const httplib::Request& req, httplib::Response
   send_json(res, 200, out);
 }
 
-void HttpServer::Impl::slots_restore(const httplib::Request& req, httplib::Response& res) {
-  const json body = parse_body(req.body);
+void HttpServer::Impl::slots_restore(const httplib::Request& req, const std::string& text, httplib::Response& res) {
+  const json body = parse_body(text);
   const std::string path = slot_path(body);
   if (!std::filesystem::is_regular_file(path)) throw ApiError(404, "not_found_error", "no slot file named '" + std::filesystem::path(path).filename().string() + "'");
   const int tenant = tenant_of(req);
@@ -258,11 +355,12 @@ void HttpServer::Impl::routes() {
   http.set_write_timeout(30);
   http.new_task_queue = [n = opt.threads] { return new httplib::ThreadPool((size_t)n); };
 
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) { return screen(req, res); });
   http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
+    if (!res.body.empty() || closing(res)) return;
     if (res.status == 413) {
       log(req, 413, "body too large");
-      send_error(res, ApiError(413, "invalid_request_error", "the request body is larger than the limit of " + std::to_string(opt.max_body_bytes) + " bytes"));
+      send_error(res, too_large());
     } else if (res.status == 404) {
       send_error(res, ApiError(404, "not_found_error", "no route " + req.method + " " + req.path));
     } else {
@@ -297,15 +395,15 @@ void HttpServer::Impl::routes() {
     res.set_content(metrics.render(), "text/plain; version=0.0.4");
   }));
 
-  auto chat = guarded([this](const httplib::Request& req, httplib::Response& res) { completion(req, res, Endpoint::Chat); });
-  auto cmpl = guarded([this](const httplib::Request& req, httplib::Response& res) { completion(req, res, Endpoint::Completion); });
-  http.Post("/v1/chat/completions", chat);
-  http.Post("/chat/completions", chat);
-  http.Post("/v1/completions", cmpl);
-  http.Post("/completions", cmpl);
+  auto chat = [this](const httplib::Request& req, const std::string& body, httplib::Response& res) { completion(req, body, res, Endpoint::Chat); };
+  auto cmpl = [this](const httplib::Request& req, const std::string& body, httplib::Response& res) { completion(req, body, res, Endpoint::Completion); };
+  post("/v1/chat/completions", chat);
+  post("/chat/completions", chat);
+  post("/v1/completions", cmpl);
+  post("/completions", cmpl);
 
-  http.Post("/tokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
-    const TokenizeRequest t = parse_tokenize_request(parse_body(req.body));
+  post("/tokenize", [this](const httplib::Request& req, const std::string& body, httplib::Response& res) {
+    const TokenizeRequest t = parse_tokenize_request(parse_body(body));
     const Tokenizer& tok = model->tokenizer();
     std::vector<int32_t> ids;
     try {
@@ -324,13 +422,13 @@ void HttpServer::Impl::routes() {
       else out.push_back({{"id", id}, {"piece", std::vector<uint8_t>(piece.begin(), piece.end())}});
     }
     send_json(res, 200, {{"tokens", out}});
-  }));
-  http.Post("/detokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
-    const std::vector<int32_t> ids = parse_detokenize_request(parse_body(req.body), model->config().n_vocab);
+  });
+  post("/detokenize", [this](const httplib::Request&, const std::string& body, httplib::Response& res) {
+    const std::vector<int32_t> ids = parse_detokenize_request(parse_body(body), model->config().n_vocab);
     send_json(res, 200, {{"content", model->tokenizer().decode(ids)}});
-  }));
-  http.Post("/slots/save", guarded([this](const httplib::Request& req, httplib::Response& res) { slots_save(req, res); }));
-  http.Post("/slots/restore", guarded([this](const httplib::Request& req, httplib::Response& res) { slots_restore(req, res); }));
+  });
+  post("/slots/save", [this](const httplib::Request& req, const std::string& body, httplib::Response& res) { slots_save(req, body, res); });
+  post("/slots/restore", [this](const httplib::Request& req, const std::string& body, httplib::Response& res) { slots_restore(req, body, res); });
 }
 
 HttpServer::HttpServer(HttpOptions opt, Metrics& metrics) : impl_(std::make_unique<Impl>(std::move(opt), metrics)) { impl_->routes(); }
