@@ -23,6 +23,8 @@ struct ServeArgs {
   ModelArgs m;
   PressArgs press;
   std::string host = "127.0.0.1", kv_budget, prefix_cache, max_body = "8MiB", alias, slot_save_path;
+  int64_t slot_max_files = 64;
+  std::string slot_max_bytes = "1GiB";
   std::string api_key, api_key_file;
   int port = 8080, parallel = 4, max_queue = 64, max_tokens = 4096, http_threads = 0;
   int64_t prefill_chunk = 64;
@@ -105,6 +107,8 @@ int run_serve(const ServeArgs& a) {
   if (!a.api_key_file.empty()) keys = server::ApiKeys::read_file(a.api_key_file);
   h.keys = server::ApiKeys(keys);
   h.max_body_bytes = (size_t)parse_byte_size(a.max_body);
+  h.slot_quota.max_files = a.slot_max_files;
+  h.slot_quota.max_bytes = parse_byte_size(a.slot_max_bytes);
   h.slot_save_path = a.slot_save_path;
   if (!h.slot_save_path.empty() && !std::filesystem::is_directory(h.slot_save_path))
     throw Error("--slot-save-path " + h.slot_save_path + ": not a directory");
@@ -201,6 +205,8 @@ RegisterCommand reg("serve", "OpenAI-compatible HTTP server (continuous batching
   sub.add_option("--api-key", a->api_key, "require this API key (comma-separated list allowed)");
   sub.add_option("--api-key-file", a->api_key_file, "require one of the API keys in this file (one per line)");
   sub.add_option("--slot-save-path", a->slot_save_path, "folder for /slots/save and /slots/restore files (default: disabled)");
+  sub.add_option("--slot-max-files", a->slot_max_files, "slot files per API key (default 64)")->check(CLI::Range((int64_t)1, (int64_t)1 << 30));
+  sub.add_option("--slot-max-bytes", a->slot_max_bytes, "bytes of slot files per API key (default 1GiB)");
   sub.add_option("--alias", a->alias, "model name in responses (default: the model's file name)");
   sub.add_option("--threads-http", a->http_threads, "HTTP worker threads (default: parallel + max-queue + 8)")->check(CLI::Range(0, 4096));
   sub.add_option("--shutdown-grace", a->shutdown_grace, "seconds running requests get to finish after SIGINT/SIGTERM (default 5)")->check(CLI::Range(0.0, 3600.0));

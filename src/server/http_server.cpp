@@ -188,10 +188,13 @@ struct HttpServer::Impl {
     post_paths.insert(path);
     http.Post(path, guarded_body(std::move(fn)));
   }
-  std::string slot_path(const json& body) const {
+  // The caller's slot file: under the caller's own folder (one per API key).
+  std::string slot_path(const httplib::Request& req, const json& body) const {
     if (opt.slot_save_path.empty())
       throw ApiError(501, "not_supported_error", "slot saving is disabled: start the server with --slot-save-path DIR");
-    return (std::filesystem::path(opt.slot_save_path) / parse_slot_filename(body)).string();
+    const std::string key =
+        opt.keys.enabled() ? ApiKeys::from_headers(req.get_header_value("Authorization"), req.get_header_value("X-Api-Key")) : "";
+    return (std::filesystem::path(slot_folder(opt.slot_save_path, key)) / parse_slot_filename(body)).string();
   }
 };
 
@@ -275,7 +278,10 @@ void HttpServer::Impl::completion(const httplib::Request& req, const std::string
 
 void HttpServer::Impl::slots_save(const httplib::Request& req, const std::string& text, httplib::Response& res) {
   json body = parse_body(text);
-  const std::string path = slot_path(body);
+  const std::string path = slot_path(req, body);
+  const std::string folder = std::filesystem::path(path).parent_path().string();
+  const std::string name = std::filesystem::path(path).filename().string();
+  check_slot_quota(folder, name, 0, opt.slot_quota);  // the file count, before any work
   body.erase("filename");
   body["max_tokens"] = 1;
   body["stream"] = false;
@@ -302,11 +308,23 @@ void HttpServer::Impl::slots_save(const httplib::Request& req, const std::string
     meta.press = settings;
     meta.tokens = prompt;
     meta.logits.assign(e->seq->logits(), e->seq->logits() + model->config().n_vocab);
+    // Written under a hidden name, checked against the key's byte quota, then renamed over `path` (on
+    // the loop thread, so saves never race each other's quota check).
+    const std::string tmp = (std::filesystem::path(folder) / ("." + name + ".saving")).string();
     try {
-      save_cache_file(path, *model, e->seq->cache(), meta);
-    } catch (const Error& err) {
+      std::filesystem::create_directories(folder);
+      save_cache_file(tmp, *model, e->seq->cache(), meta);
+      check_slot_quota(folder, name, (int64_t)std::filesystem::file_size(tmp), opt.slot_quota);
+      std::filesystem::rename(tmp, path);
+    } catch (const ApiError&) {
+      std::error_code ec;
+      std::filesystem::remove(tmp, ec);
+      throw;
+    } catch (const std::exception& err) {
+      std::error_code ec;
+      std::filesystem::remove(tmp, ec);
       log(req, 500, err.what());  // the full message, with the server's folder, only in the log
-      throw ApiError(500, "server_error", "the slot file '" + std::filesystem::path(path).filename().string() + "' could not be written");
+      throw ApiError(500, "server_error", "the slot file '" + name + "' could not be written");
     }
     const KvCache& c = e->seq->cache();
     out = {{"filename", std::filesystem::path(path).filename().string()}, {"n_tokens", prompt.size()},
@@ -319,7 +337,7 @@ void HttpServer::Impl::slots_save(const httplib::Request& req, const std::string
 
 void HttpServer::Impl::slots_restore(const httplib::Request& req, const std::string& text, httplib::Response& res) {
   const json body = parse_body(text);
-  const std::string path = slot_path(body);
+  const std::string path = slot_path(req, body);
   if (!std::filesystem::is_regular_file(path)) throw ApiError(404, "not_found_error", "no slot file named '" + std::filesystem::path(path).filename().string() + "'");
   const int tenant = tenant_of(req);
   json out;

@@ -3,6 +3,7 @@ forged control tokens in chat content, wrong statuses. Every case checks the sta
 /health still answers quickly, and (where memory is the point) the RSS of the server process.
 
 Loopback only; every loop is bounded in count and time."""
+import hashlib
 import json
 import socket
 import time
@@ -231,9 +232,42 @@ def test_harmless_spellings_are_accepted(server):
 
 
 def test_failed_slot_save_does_not_reveal_the_folder(server):
-    (server.slot_dir / "blocked.kvc").mkdir()  # a folder where the file should go: the write fails
+    folder = server.slot_dir / ("key-" + hashlib.sha256(KEY.encode()).hexdigest()[:16])
+    (folder / "blocked.kvc").mkdir(parents=True)  # a folder where the file should go: the write fails
     r = httpx.post(server.url + "/slots/save", json={"filename": "blocked.kvc", "prompt": "A saved context."},
                    headers=AUTH, timeout=60)
     assert r.status_code >= 400
     assert str(server.slot_dir) not in r.text and "/tmp" not in r.text, r.text
     assert "blocked.kvc" in r.json()["error"]["message"]
+
+
+# 5. Slot files are per API key, with a count quota.
+def test_slot_files_are_per_key_with_a_quota(tmp_path):
+    s = Server("-c", "256", "--prefix-cache", "8MiB", "--slot-save-path", str(tmp_path), "--api-key", "sk-a,sk-b",
+               "--slot-max-files", "2")
+    try:
+        a = {"Authorization": "Bearer sk-a"}
+        b = {"Authorization": "Bearer sk-b"}
+
+        def post(path, body, headers):
+            return httpx.post(s.url + path, json=body, headers=headers, timeout=60)
+
+        r = post("/slots/save", {"filename": "mine.kvc", "prompt": "Owls hunt at night."}, a)
+        assert r.status_code == 200, r.text
+        assert not (tmp_path / "mine.kvc").exists()  # not in the shared folder
+        # Key b sees no file of key a, and its own save of the same name does not touch a's file.
+        assert post("/slots/restore", {"filename": "mine.kvc"}, b).status_code == 404
+        r = post("/slots/save", {"filename": "mine.kvc", "prompt": "Cats sleep all day long."}, b)
+        assert r.status_code == 200, r.text
+        ra = post("/slots/restore", {"filename": "mine.kvc"}, a).json()
+        rb = post("/slots/restore", {"filename": "mine.kvc"}, b).json()
+        assert ra["n_tokens"] != rb["n_tokens"], (ra, rb)
+        # The count quota: a second file is fine, a third is refused, overwriting still works.
+        assert post("/slots/save", {"filename": "two.kvc", "prompt": "More."}, a).status_code == 200
+        r = post("/slots/save", {"filename": "three.kvc", "prompt": "Even more."}, a)
+        assert r.status_code == 403 and "quota" in r.json()["error"]["message"], r.text
+        assert post("/slots/save", {"filename": "two.kvc", "prompt": "Replaced."}, a).status_code == 200
+        assert str(tmp_path) not in r.text
+        assert health_s(s) < 1.0
+    finally:
+        assert s.stop() == 0, s.log_text()

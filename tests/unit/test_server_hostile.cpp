@@ -2,6 +2,9 @@
 // chat content that cannot forge control tokens (per real chat-template family).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -10,6 +13,7 @@
 #include "server/lru.h"
 #include "server/prepare.h"
 #include "server/request.h"
+#include "server/slots.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/chat_prompt.h"
 #include "tokenizer/tokenizer.h"
@@ -165,4 +169,27 @@ TEST(ServerHostileRequest, SnapKvPressesNeedAPromptLongerThanTheirWindow) {
   }
   o.name = "knorm";
   EXPECT_NO_THROW(server::check_prompt_fits_press(o, 1));
+}
+
+TEST(ServerHostileSlots, EachKeyHasItsOwnFolderAndQuota) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("kvzap_slots_test_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const std::string a = server::slot_folder(root.string(), "sk-a"), b = server::slot_folder(root.string(), "sk-b");
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a, server::slot_folder(root.string(), "sk-a"));  // stable
+  EXPECT_EQ(fs::path(a).parent_path(), root);
+  EXPECT_EQ(a.find("sk-a"), std::string::npos);  // the key itself is not in the name
+  EXPECT_EQ(server::slot_folder(root.string(), ""), root.string());
+  fs::create_directories(a);
+  for (const char* name : {"one.kvc", "two.kvc"}) std::ofstream(fs::path(a) / name) << std::string(100, 'x');
+  std::ofstream(fs::path(a) / ".two.kvc.saving") << std::string(1000, 'x');  // in-progress files do not count
+  const server::SlotQuota q{2, 250};
+  EXPECT_EQ(server::slot_usage(a).files, 2);
+  EXPECT_EQ(server::slot_usage(a).bytes, 200);
+  EXPECT_THROW(server::check_slot_quota(a, "three.kvc", 10, q), server::ApiError);  // a third file
+  EXPECT_NO_THROW(server::check_slot_quota(a, "two.kvc", 150, q));                  // replacing one: 100 + 150
+  EXPECT_THROW(server::check_slot_quota(a, "two.kvc", 151, q), server::ApiError);   // over the bytes
+  EXPECT_NO_THROW(server::check_slot_quota(b, "one.kvc", 250, q));                  // another key's folder
+  fs::remove_all(root);
 }
