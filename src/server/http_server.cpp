@@ -21,6 +21,8 @@
 #include "server/responses.h"
 #include "server/scheduler.h"
 
+#include "server/http_conn.inc"
+
 namespace kvzap::server {
 namespace {
 
@@ -55,7 +57,7 @@ bool iequals(const std::string& a, const char* b) { return strcasecmp(a.c_str(),
 struct HttpServer::Impl {
   HttpOptions opt;
   Metrics& metrics;
-  httplib::Server http;
+  GatedServer http;
   std::atomic<bool> ready{false};
   const Model* model = nullptr;
   Engine* engine = nullptr;
@@ -210,9 +212,17 @@ void HttpServer::Impl::completion(const httplib::Request& req, const std::string
   auto shape = std::make_shared<ResponseShape>(ResponseShape{ep, id, (int64_t)std::time(nullptr), opt.model_id, r.include_usage});
   if (!r.stream) {
     std::string text;
+    auto next_check = Clock::now();
     const auto give_up = Clock::now() + std::chrono::seconds((int64_t)(timeout_s > 0 ? timeout_s : 86400) + 60);
     for (;;) {
-      auto ev = channel->pop(std::chrono::milliseconds(500));
+      auto ev = channel->pop(std::chrono::milliseconds(250));
+      if (Clock::now() >= next_check) {  // tokens keep coming while generating: checked by time, not on idle
+        next_check = Clock::now() + std::chrono::milliseconds(250);
+        if (client_gone()) {  // nobody will read the answer: the scheduler drops the job and its pages
+          channel->cancel();
+          throw invalid_request("the client closed the connection");
+        }
+      }
       if (!ev) {
         if (Clock::now() > give_up) {
           channel->cancel();
@@ -371,7 +381,9 @@ void HttpServer::Impl::routes() {
   http.set_payload_max_length(opt.max_body_bytes);
   http.set_read_timeout(10);
   http.set_write_timeout(30);
-  http.new_task_queue = [n = opt.threads] { return new httplib::ThreadPool((size_t)n); };
+  // httplib's own workers only hand each new connection to the gate (http_conn.inc); the gate's
+  // workers (opt.threads) serve the requests.
+  http.new_task_queue = [] { return new httplib::ThreadPool(2); };
 
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) { return screen(req, res); });
   http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
@@ -477,13 +489,20 @@ void HttpServer::attach(const Model& model, Engine& engine, Scheduler& scheduler
   impl_->ready = true;
 }
 
-void HttpServer::listen() { impl_->http.listen_after_bind(); }
+void HttpServer::listen() {
+  GateLimits g;
+  g.header_timeout = std::chrono::seconds(impl_->opt.header_timeout_s);
+  g.max_per_client = impl_->opt.max_conns_per_client;
+  impl_->http.start_gate(g, (size_t)impl_->opt.threads);
+  impl_->http.listen_after_bind();
+}
 void HttpServer::stop() {
   // Streams write their last frame (finish or "shutting down") before httplib stops writing them.
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
   while (impl_->in_flight.load() > 0 && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   impl_->http.stop();
+  impl_->http.stop_gate();
 }
 
 }  // namespace kvzap::server

@@ -29,6 +29,8 @@ struct HttpOptions {
   std::string slot_save_path;  // empty: /slots/* disabled; with API keys, one subfolder per key (slots.h)
   SlotQuota slot_quota;        // per key
   int threads = 16;            // HTTP worker threads (streams hold one each)
+  int header_timeout_s = 10;   // a connection must send a whole header block within this (else closed)
+  int max_conns_per_client = 1024;  // open connections per client address (beyond: 503 and close)
   bool log_requests = true;
 };
 

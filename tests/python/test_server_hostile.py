@@ -6,6 +6,7 @@ Loopback only; every loop is bounded in count and time."""
 import hashlib
 import json
 import socket
+import sys
 import time
 
 import httpx
@@ -37,7 +38,8 @@ def health_s(server):
 def server(tmp_path_factory):
     slots = tmp_path_factory.mktemp("slots")
     # A small prefix cache: its budget (default a quarter of the KV budget) is memory it may fill on purpose.
-    s = Server("-c", "512", "--max-body", "64KiB", "--prefix-cache", "8MiB", "--slot-save-path", str(slots), api_key=KEY)
+    s = Server("-c", "512", "--max-body", "64KiB", "--prefix-cache", "8MiB", "--slot-save-path", str(slots),
+               "--header-timeout", "3", api_key=KEY)
     s.slot_dir = slots
     yield s
     assert s.stop() == 0, s.log_text()
@@ -271,3 +273,76 @@ def test_slot_files_are_per_key_with_a_quota(tmp_path):
         assert health_s(s) < 1.0
     finally:
         assert s.stop() == 0, s.log_text()
+
+
+# 6. Pipelined requests on one connection are all answered, in order.
+def test_pipelined_requests_are_answered_in_order(server):
+    reqs = b"".join([
+        b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+        f"POST /tokenize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: 19\r\n\r\n{{\"content\": \"owls\"}}".encode(),
+        f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nConnection: close\r\n\r\n".encode(),
+    ])
+    t = time.time()
+    data, closed = raw_request(server, reqs, read_timeout=5)
+    assert time.time() - t < 2.0 and closed
+    assert data.count(b"HTTP/1.1 200") == 3, data
+    assert data.index(b'"status":"ok"') < data.index(b'"tokens"') < data.index(b'"object":"list"')
+
+
+# 7. Slow clients (one header byte a second) neither starve /health nor stay past the header deadline.
+def test_slow_header_clients_do_not_starve_health(server):
+    n_slow = 500
+    socks = []
+    for _ in range(n_slow):
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        s.sendall(b"G")
+        socks.append(s)
+    times = []
+    t0 = time.time()
+    dropped = 0
+    try:
+        for second in range(5):  # the server's --header-timeout is 3 s
+            for s in socks:
+                try:
+                    s.sendall(b"E")
+                except OSError:
+                    pass
+            for _ in range(8):
+                times.append(health_s(server))
+                time.sleep(0.1)
+        for s in socks:  # every slow connection has been closed by the server by now
+            s.settimeout(2)
+            try:
+                if s.recv(100) == b"":
+                    dropped += 1
+            except (ConnectionResetError, socket.timeout):
+                dropped += 1 if not isinstance(sys.exc_info()[1], socket.timeout) else 0
+    finally:
+        for s in socks:
+            s.close()
+    times.sort()
+    p99 = times[int(len(times) * 0.99) - 1]
+    print(f"\n/health with {n_slow} slow connections: p50 {times[len(times) // 2] * 1000:.1f} ms, "
+          f"p99 {p99 * 1000:.1f} ms, max {times[-1] * 1000:.1f} ms over {len(times)} probes in {time.time() - t0:.1f} s")
+    assert p99 < 1.0
+    assert dropped == n_slow, f"only {dropped} of {n_slow} slow connections were closed"
+
+
+# 8. A non-streaming client that goes away stops its generation within about a second.
+def test_disconnected_non_streaming_client_is_cancelled(server):
+    before = server.metrics().get("kvzap:request_cancelled_total", 0)
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 480, "ignore_eos": True}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    s.sendall(head + body)
+    server.wait_metrics(lambda m: m.get("kvzap:num_requests_running", 0) >= 1, timeout=5)
+    s.close()
+    t = time.time()
+    m = server.wait_metrics(lambda m: m.get("kvzap:num_requests_running", 0) == 0, timeout=10)
+    gone_s = time.time() - t
+    assert m.get("kvzap:num_requests_running", 0) == 0
+    assert m.get("kvzap:request_cancelled_total", 0) == before + 1
+    assert m.get("kvzap:generation_tokens_total", 0) < 2000
+    assert gone_s < 1.5, f"the generation ran on for {gone_s:.2f} s"
