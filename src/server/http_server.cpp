@@ -386,6 +386,11 @@ void HttpServer::Impl::routes() {
   http.new_task_queue = [] { return new httplib::ThreadPool(2); };
 
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) { return screen(req, res); });
+  // httplib answers "Expect: 100-continue" before routing: the same screen decides, so a refused
+  // client is told (and the connection closed) before it sends the body.
+  http.set_expect_100_continue_handler([this](const httplib::Request& req, httplib::Response& res) {
+    return screen(req, res) == httplib::Server::HandlerResponse::Handled ? res.status : 100;
+  });
   http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty() || closing(res)) return;
     if (res.status == 413) {

@@ -346,3 +346,30 @@ def test_disconnected_non_streaming_client_is_cancelled(server):
     assert m.get("kvzap:request_cancelled_total", 0) == before + 1
     assert m.get("kvzap:generation_tokens_total", 0) < 2000
     assert gone_s < 1.5, f"the generation ran on for {gone_s:.2f} s"
+
+
+def test_expect_continue_with_a_wrong_key_is_refused_before_the_body(server):
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-wrong\r\nExpect: 100-continue\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {64 * MIB}\r\n\r\n").encode()
+    data, closed = raw_request(server, head)
+    assert status_of(data) == 401 and closed
+    assert b"100 Continue" not in data
+
+
+def test_connections_per_client_address_are_capped():
+    s = Server("-c", "256", "--max-conns-per-client", "4", "--header-timeout", "5")
+    socks = []
+    try:
+        for _ in range(4):
+            socks.append(socket.create_connection(("127.0.0.1", s.port), timeout=5))
+        time.sleep(0.3)
+        data, closed = raw_request(s, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status_of(data) == 503 and b"too many connections" in data and closed
+        for k in socks:
+            k.close()
+        time.sleep(0.3)
+        assert health_s(s) < 1.0  # the count goes down as connections close
+    finally:
+        for k in socks:
+            k.close()
+        assert s.stop() == 0, s.log_text()
