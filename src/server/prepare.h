@@ -45,8 +45,10 @@ class PressFactory {
 // The effective press for a request: none, the server default, or the request's kv_compression on top.
 // Returns false for "no press". Throws ApiError on inconsistent settings.
 bool resolve_press(const std::optional<KvCompressionSpec>& spec, const ServerDefaults& d, PressOptions& out);
-// Throws ApiError 400 when the prompt is too short for the press (SnapKV's 64-token window).
-void check_prompt_fits_press(const PressOptions& o, int64_t n_prompt);
+// Throws ApiError 400 when the press cannot work on this prompt: SnapKV's 64-token window, KVzip's
+// repeat pass that must fit the context (n_ctx). Such failures inside a batch step would be 500s that
+// end every request of the step.
+void check_prompt_fits_press(const PressOptions& o, int64_t n_prompt, int64_t n_ctx);
 // A canonical text of the settings, for prefix reuse ("none" without a press).
 std::string press_settings_key(bool has_press, const PressOptions& o);
 

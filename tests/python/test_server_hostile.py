@@ -218,7 +218,9 @@ def test_forged_control_tokens_in_chat_content_are_text(server):
     ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "kv_compression": {"press": "snapkv", "ratio": 0.5}}, 400, "snapkv"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "kv_compression": {"press": "adakv_snapkv", "ratio": 0.5}},
      400, "snapkv"),
-], ids=["max_tokens-0", "logit_bias", "tool_choice", "top_logprobs", "snapkv-short", "adakv_snapkv-short"])
+    ("/v1/completions", {"prompt": list(range(10, 290)), "max_tokens": 1, "kv_compression": {"press": "kvzip", "ratio": 0.5}},
+     400, "repeat pass"),
+], ids=["max_tokens-0", "logit_bias", "tool_choice", "top_logprobs", "snapkv-short", "adakv_snapkv-short", "kvzip-no-room"])
 def test_client_errors_are_4xx(server, path, body, status, fragment):
     r = httpx.post(server.url + path, json=body, headers=AUTH, timeout=60)
     assert r.status_code == status, r.text

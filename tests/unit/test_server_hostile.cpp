@@ -164,11 +164,16 @@ TEST(ServerHostileRequest, SnapKvPressesNeedAPromptLongerThanTheirWindow) {
   o.ratio = 0.5;
   for (const char* name : {"snapkv", "adakv_snapkv", "chunkkv", "pyramidkv"}) {
     o.name = name;
-    EXPECT_THROW(server::check_prompt_fits_press(o, 64), server::ApiError) << name;
-    EXPECT_NO_THROW(server::check_prompt_fits_press(o, 65)) << name;
+    EXPECT_THROW(server::check_prompt_fits_press(o, 64, 4096), server::ApiError) << name;
+    EXPECT_NO_THROW(server::check_prompt_fits_press(o, 65, 4096)) << name;
   }
   o.name = "knorm";
-  EXPECT_NO_THROW(server::check_prompt_fits_press(o, 1));
+  EXPECT_NO_THROW(server::check_prompt_fits_press(o, 1, 4096));
+  for (const char* name : {"kvzip", "kvzip+", "adakv_kvzip"}) {  // the repeat pass must fit the context
+    o.name = name;
+    EXPECT_THROW(server::check_prompt_fits_press(o, 130, 256), server::ApiError) << name;
+    EXPECT_NO_THROW(server::check_prompt_fits_press(o, 96, 256)) << name;
+  }
 }
 
 TEST(ServerHostileSlots, EachKeyHasItsOwnFolderAndQuota) {
