@@ -99,7 +99,8 @@ struct HttpServer::Impl {
   httplib::Server::HandlerResponse screen(const httplib::Request& req, httplib::Response& res) {
     const bool chunked = req.has_header("Transfer-Encoding");
     const bool sized = req.has_header("Content-Length");
-    const bool has_body = chunked || sized;
+    const std::string length = req.get_header_value("Content-Length");
+    bool has_body = chunked || (sized && length != "0");
     auto refuse = [&](const ApiError& e) {
       fail(req, res, e, has_body);
       return httplib::Server::HandlerResponse::Handled;
@@ -107,14 +108,18 @@ struct HttpServer::Impl {
     if (chunked && !iequals(req.get_header_value("Transfer-Encoding"), "chunked"))
       return refuse(ApiError(501, "invalid_request_error", "only the 'chunked' transfer coding is supported"));
     if (chunked && sized) return refuse(invalid_request("a request may not have both Transfer-Encoding and Content-Length"));
-    if (sized) {
-      const std::string v = req.get_header_value("Content-Length");
-      if (v.empty() || v.size() > 19 || v.find_first_not_of("0123456789") != std::string::npos)
-        return refuse(invalid_request("malformed Content-Length"));
+    if (sized && (length.empty() || length.size() > 19 || length.find_first_not_of("0123456789") != std::string::npos)) {
+      has_body = true;  // unknown length: the connection cannot be reused
+      return refuse(invalid_request("malformed Content-Length"));
     }
     const bool health = req.path == "/health" || req.path == "/v1/health";
     const bool post_route = req.method == "POST" && post_paths.count(req.path);
     if (has_body && !post_route) return refuse(ApiError(404, "not_found_error", "no route " + req.method + " " + req.path + " takes a body"));
+    if (post_route && !chunked && !sized) {
+      // httplib would read such a body until the client closes; RFC 9112 asks for a length.
+      has_body = true;
+      return refuse(ApiError(411, "invalid_request_error", "a POST body needs Content-Length or Transfer-Encoding: chunked"));
+    }
     if (health) return httplib::Server::HandlerResponse::Unhandled;
     if (opt.keys.enabled() && tenant_of(req) < 0)
       return refuse(ApiError(401, "authentication_error", "Invalid API Key: send it as 'Authorization: Bearer KEY' or 'X-Api-Key: KEY'"));

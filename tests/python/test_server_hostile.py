@@ -375,3 +375,11 @@ def test_connections_per_client_address_are_capped():
         for k in socks:
             k.close()
         assert s.stop() == 0, s.log_text()
+
+
+def test_post_without_a_length_is_411_and_get_with_empty_length_is_fine(server):
+    data, closed = raw_request(server, f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n"
+                               .encode() + b'{"prompt": "hi"}')
+    assert status_of(data) == 411 and closed
+    data, _ = raw_request(server, b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    assert status_of(data) == 200
