@@ -383,3 +383,24 @@ def test_post_without_a_length_is_411_and_get_with_empty_length_is_fine(server):
     assert status_of(data) == 411 and closed
     data, _ = raw_request(server, b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
     assert status_of(data) == 200
+
+
+def test_slow_small_bodies_do_not_hold_workers(server):
+    n_slow = 150  # more than the HTTP workers (parallel + max-queue + 8 = 76 by default)
+    head = (f"POST /tokenize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: 2000\r\n\r\n").encode()
+    socks = []
+    try:
+        for _ in range(n_slow):
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            s.sendall(head + b'{"content": "')  # and the rest of the body never comes
+            socks.append(s)
+        time.sleep(0.5)
+        t = time.time()
+        r = httpx.post(server.url + "/tokenize", json={"content": "owls"}, headers=AUTH, timeout=10)
+        took = time.time() - t
+        assert r.status_code == 200 and took < 1.0, took
+        assert health_s(server) < 1.0
+    finally:
+        for s in socks:
+            s.close()
