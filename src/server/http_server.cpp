@@ -496,6 +496,7 @@ void HttpServer::attach(const Model& model, Engine& engine, Scheduler& scheduler
   impl_->scheduler = &scheduler;
   impl_->defaults = defaults;
   impl_->presses = std::make_unique<PressFactory>(model);
+  scheduler.prefix_cache().set_entry_overhead((int64_t)model.config().n_vocab * (int64_t)sizeof(float));  // logits
   impl_->ready = true;
 }
 
