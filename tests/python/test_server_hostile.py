@@ -101,12 +101,14 @@ def test_distinct_press_settings_keep_memory_bounded(server):
 def test_wrong_key_is_refused_before_a_64mib_body(server):
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-wrong\r\n"
             f"Content-Type: application/json\r\nContent-Length: {64 * MIB}\r\n\r\n").encode()
+    before = rss_bytes(server.proc.pid)
     t = time.time()
     data, closed = raw_request(server, head, b'{"prompt": "')  # the rest of the 64 MiB never comes
     assert status_of(data) == 401
     assert closed, "the connection must close: its body was not read"
     assert time.time() - t < 2.0
     assert health_s(server) < 1.0
+    assert rss_bytes(server.proc.pid) < before * 1.1
 
 
 def test_chunked_wrong_key_is_refused_before_the_body(server):
@@ -119,11 +121,13 @@ def test_chunked_wrong_key_is_refused_before_the_body(server):
 def test_declared_length_over_the_limit_is_413_without_reading(server):
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {64 * MIB}\r\n\r\n").encode()
+    before = rss_bytes(server.proc.pid)
     t = time.time()
     data, closed = raw_request(server, head)
     assert status_of(data) == 413 and closed
     assert b"65536" in data
     assert time.time() - t < 2.0
+    assert rss_bytes(server.proc.pid) < before * 1.1
 
 
 def test_chunked_body_is_limited_while_reading(server):
@@ -295,6 +299,7 @@ def test_pipelined_requests_are_answered_in_order(server):
 # 7. Slow clients (one header byte a second) neither starve /health nor stay past the header deadline.
 def test_slow_header_clients_do_not_starve_health(server):
     n_slow = 500
+    before = rss_bytes(server.proc.pid)
     socks = []
     for _ in range(n_slow):
         s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
@@ -323,6 +328,7 @@ def test_slow_header_clients_do_not_starve_health(server):
     finally:
         for s in socks:
             s.close()
+    assert rss_bytes(server.proc.pid) < before * 1.1
     times.sort()
     p99 = times[int(len(times) * 0.99) - 1]
     print(f"\n/health with {n_slow} slow connections: p50 {times[len(times) // 2] * 1000:.1f} ms, "
