@@ -504,7 +504,7 @@ void HttpServer::listen() {
   GateLimits g;
   g.header_timeout = std::chrono::seconds(impl_->opt.header_timeout_s);
   g.max_per_client = impl_->opt.max_conns_per_client;
-  impl_->http.start_gate(g, (size_t)impl_->opt.threads);
+  impl_->http.start_gate(g, (size_t)impl_->opt.threads, &impl_->metrics);
   impl_->http.listen_after_bind();
 }
 void HttpServer::stop() {

@@ -300,6 +300,7 @@ def test_pipelined_requests_are_answered_in_order(server):
 def test_slow_header_clients_do_not_starve_health(server):
     n_slow = 500
     before = rss_bytes(server.proc.pid)
+    timed_out = server.metrics().get("kvzap:http_connections_timed_out_total", 0)
     socks = []
     for _ in range(n_slow):
         s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
@@ -335,6 +336,9 @@ def test_slow_header_clients_do_not_starve_health(server):
           f"p99 {p99 * 1000:.1f} ms, max {times[-1] * 1000:.1f} ms over {len(times)} probes in {time.time() - t0:.1f} s")
     assert p99 < 1.0
     assert dropped == n_slow, f"only {dropped} of {n_slow} slow connections were closed"
+    m = server.metrics()
+    assert m["kvzap:http_connections_timed_out_total"] >= timed_out + n_slow
+    assert m["kvzap:http_connections_open"] <= 2  # this probe's own connection
 
 
 # 8. A non-streaming client that goes away stops its generation within about a second.
@@ -377,6 +381,7 @@ def test_connections_per_client_address_are_capped():
             k.close()
         time.sleep(0.3)
         assert health_s(s) < 1.0  # the count goes down as connections close
+        assert s.metrics()["kvzap:http_connections_refused_total"] == 1
     finally:
         for k in socks:
             k.close()
