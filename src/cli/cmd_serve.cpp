@@ -23,6 +23,9 @@ struct ServeArgs {
   ModelArgs m;
   PressArgs press;
   std::string host = "127.0.0.1", kv_budget, prefix_cache, max_body = "8MiB", alias, slot_save_path;
+  int64_t slot_max_files = 64;
+  int header_timeout = 10, max_conns_per_client = 1024;
+  std::string slot_max_bytes = "1GiB";
   std::string api_key, api_key_file;
   int port = 8080, parallel = 4, max_queue = 64, max_tokens = 4096, http_threads = 0;
   int64_t prefill_chunk = 64;
@@ -106,6 +109,10 @@ int run_serve(const ServeArgs& a) {
   if (!a.api_key_file.empty()) keys = server::ApiKeys::read_file(a.api_key_file);
   h.keys = server::ApiKeys(keys);
   h.max_body_bytes = (size_t)parse_byte_size(a.max_body);
+  h.header_timeout_s = a.header_timeout;
+  h.max_conns_per_client = a.max_conns_per_client;
+  h.slot_quota.max_files = a.slot_max_files;
+  h.slot_quota.max_bytes = parse_byte_size(a.slot_max_bytes);
   h.slot_save_path = a.slot_save_path;
   if (!h.slot_save_path.empty() && !std::filesystem::is_directory(h.slot_save_path))
     throw Error("--slot-save-path " + h.slot_save_path + ": not a directory");
@@ -208,6 +215,10 @@ RegisterCommand reg("serve", "OpenAI-compatible HTTP server (continuous batching
   sub.add_option("--api-key", a->api_key, "require this API key (comma-separated list allowed)");
   sub.add_option("--api-key-file", a->api_key_file, "require one of the API keys in this file (one per line)");
   sub.add_option("--slot-save-path", a->slot_save_path, "folder for /slots/save and /slots/restore files (default: disabled)");
+  sub.add_option("--header-timeout", a->header_timeout, "seconds a connection gets to send a whole request header block, and each request 60 s for headers and body (default 10)")->check(CLI::Range(1, 3600));
+  sub.add_option("--max-conns-per-client", a->max_conns_per_client, "open connections per client address; beyond: 503 and close (default 1024)")->check(CLI::Range(1, 1 << 20));
+  sub.add_option("--slot-max-files", a->slot_max_files, "slot files per API key (default 64)")->check(CLI::Range((int64_t)1, (int64_t)1 << 30));
+  sub.add_option("--slot-max-bytes", a->slot_max_bytes, "bytes of slot files per API key (default 1GiB)");
   sub.add_option("--alias", a->alias, "model name in responses (default: the model's file name)");
   sub.add_option("--threads-http", a->http_threads, "HTTP worker threads (default: parallel + max-queue + 8)")->check(CLI::Range(0, 4096));
   sub.add_option("--shutdown-grace", a->shutdown_grace, "seconds running requests get to finish after SIGINT/SIGTERM (default 5)")->check(CLI::Range(0.0, 3600.0));

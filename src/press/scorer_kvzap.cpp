@@ -2,6 +2,8 @@
 // attention input h (post input-RMSNorm) to one predicted log KVzip+ score per KV head. Per-step, so it
 // works in prefill and decoding; meant for the threshold policy (τ ≈ -4 Qwen3, -7 Llama-3.1 in the paper).
 #include <filesystem>
+#include <map>
+#include <mutex>
 
 #include "kvzap/error.h"
 #include "model/model.h"
@@ -26,7 +28,7 @@ std::string folder_name(const std::string& model_name) {
 
 class KvzapScorer : public Scorer {
  public:
-  explicit KvzapScorer(std::unique_ptr<Surrogate> s) : surrogate_(std::move(s)) {}
+  explicit KvzapScorer(std::shared_ptr<const Surrogate> s) : surrogate_(std::move(s)) {}
   bool per_step() const override { return true; }
   // The linear surrogate is a read-out of h: the forward runs it next to the norm (on blocks of up to 8 rows;
   // the same bits as predict over a block, see Surrogate.LinearAndMlpPredictMatchReference).
@@ -55,15 +57,27 @@ class KvzapScorer : public Scorer {
   }
 
  private:
-  std::unique_ptr<Surrogate> surrogate_;
+  std::shared_ptr<const Surrogate> surrogate_;  // shared by every scorer of the same folder
   std::vector<float> pred_;     // [n_tok][H]
   std::vector<std::vector<float>> scratch_;  // per thread: [chunk][hidden]
 };
 
+// One loaded copy per folder while any scorer holds it (presses with different thresholds share it).
+std::shared_ptr<const Surrogate> load_shared(const std::string& dir) {
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<const Surrogate>> loaded;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto s = loaded[dir].lock()) return s;
+  std::erase_if(loaded, [](const auto& kv) { return kv.second.expired(); });
+  std::shared_ptr<const Surrogate> s = Surrogate::load(dir);
+  loaded[dir] = s;
+  return s;
+}
+
 std::unique_ptr<Scorer> make_kvzap(const PressOptions& opt, const Model& model, bool mlp) {
   const std::string kind = mlp ? "mlp" : "linear";
   const std::string dir = kvzap_surrogate_dir(opt, model, kind);
-  std::unique_ptr<Surrogate> s = Surrogate::load(dir);
+  std::shared_ptr<const Surrogate> s = load_shared(dir);
   const ModelConfig& c = model.config();
   if (s->is_mlp() != mlp)
     throw Error("surrogate " + dir + " is " + (s->is_mlp() ? "an MLP" : "linear") + ", but press '" + opt.name +

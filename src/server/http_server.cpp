@@ -2,7 +2,11 @@
 
 #include <httplib.h>
 
+#include <strings.h>
 #include <sys/socket.h>
+
+#include <algorithm>
+#include <set>
 
 #include <atomic>
 #include <cstdio>
@@ -17,6 +21,8 @@
 #include "server/responses.h"
 #include "server/scheduler.h"
 
+#include "server/http_conn.inc"
+
 namespace kvzap::server {
 namespace {
 
@@ -29,12 +35,29 @@ void send_json(httplib::Response& res, int status, const json& body) {
 
 void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.status(), e.body()); }
 
+// An error answered before the body was read (or when it was read only in part): the connection must
+// close, or the rest of the body would be parsed as the next request. httplib 0.11 closes a connection
+// when a content provider fails, so the provider writes the whole answer and then reports failure.
+void send_error_and_close(httplib::Response& res, const ApiError& e) {
+  auto text = std::make_shared<std::string>(dump_json(e.body()));
+  res.status = e.status();
+  res.set_header("Connection", "close");
+  res.set_content_provider(text->size(), "application/json", [text](size_t offset, size_t length, httplib::DataSink& sink) {
+    sink.write(text->data() + offset, std::min(length, text->size() - offset));
+    return false;
+  });
+}
+
+bool closing(const httplib::Response& res) { return res.get_header_value("Connection") == "close"; }
+
+bool iequals(const std::string& a, const char* b) { return strcasecmp(a.c_str(), b) == 0; }
+
 }  // namespace
 
 struct HttpServer::Impl {
   HttpOptions opt;
   Metrics& metrics;
-  httplib::Server http;
+  GatedServer http;
   std::atomic<bool> ready{false};
   const Model* model = nullptr;
   Engine* engine = nullptr;
@@ -62,7 +85,81 @@ struct HttpServer::Impl {
     return buf;
   }
 
-  // Wraps a handler: ApiError -> its status and body; anything else -> 500. The server stays up.
+  using BodyHandler = std::function<void(const httplib::Request&, const std::string& body, httplib::Response&)>;
+
+  void fail(const httplib::Request& req, httplib::Response& res, const ApiError& e, bool close) {
+    metrics.requests_rejected_total++;
+    log(req, e.status(), e.type() + ": " + e.what());
+    if (close) send_error_and_close(res, e);
+    else send_error(res, e);
+  }
+
+  // Runs on the headers, before httplib reads any body byte: authentication, the declared size, the
+  // framing. A request refused here with a body still unread is answered and its connection closed.
+  httplib::Server::HandlerResponse screen(const httplib::Request& req, httplib::Response& res) {
+    const bool chunked = req.has_header("Transfer-Encoding");
+    const bool sized = req.has_header("Content-Length");
+    const std::string length = req.get_header_value("Content-Length");
+    bool has_body = chunked || (sized && length != "0");
+    auto refuse = [&](const ApiError& e) {
+      fail(req, res, e, has_body);
+      return httplib::Server::HandlerResponse::Handled;
+    };
+    if (chunked && !iequals(req.get_header_value("Transfer-Encoding"), "chunked"))
+      return refuse(ApiError(501, "invalid_request_error", "only the 'chunked' transfer coding is supported"));
+    if (chunked && sized) return refuse(invalid_request("a request may not have both Transfer-Encoding and Content-Length"));
+    if (sized && (length.empty() || length.size() > 19 || length.find_first_not_of("0123456789") != std::string::npos)) {
+      has_body = true;  // unknown length: the connection cannot be reused
+      return refuse(invalid_request("malformed Content-Length"));
+    }
+    const bool health = req.path == "/health" || req.path == "/v1/health";
+    const bool post_route = req.method == "POST" && post_paths.count(req.path);
+    if (has_body && !post_route) return refuse(ApiError(404, "not_found_error", "no route " + req.method + " " + req.path + " takes a body"));
+    if (post_route && !chunked && !sized) {
+      // httplib would read such a body until the client closes; RFC 9112 asks for a length.
+      has_body = true;
+      return refuse(ApiError(411, "invalid_request_error", "a POST body needs Content-Length or Transfer-Encoding: chunked"));
+    }
+    if (health) return httplib::Server::HandlerResponse::Unhandled;
+    if (opt.keys.enabled() && tenant_of(req) < 0)
+      return refuse(ApiError(401, "authentication_error", "Invalid API Key: send it as 'Authorization: Bearer KEY' or 'X-Api-Key: KEY'"));
+    if (!ready.load()) return refuse(unavailable("Loading model"));
+    if (sized && std::stoull(req.get_header_value("Content-Length")) > opt.max_body_bytes) return refuse(too_large());
+    if (req.get_header_value("Content-Type").rfind("multipart/", 0) == 0)
+      return refuse(ApiError(415, "invalid_request_error", "multipart bodies are not supported: send JSON"));
+    return httplib::Server::HandlerResponse::Unhandled;
+  }
+
+  ApiError too_large() const {
+    return ApiError(413, "invalid_request_error", "the request body is larger than the limit of " + std::to_string(opt.max_body_bytes) + " bytes");
+  }
+
+  // Reads the body (any framing) up to --max-body, then runs the handler: ApiError -> its status and body;
+  // anything else -> 500. The server stays up.
+  httplib::Server::HandlerWithContentReader guarded_body(BodyHandler fn) {
+    return [this, fn](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+      in_flight++;
+      struct Done {
+        std::atomic<int>& n;
+        ~Done() { n--; }
+      } done{in_flight};
+      std::string body;
+      bool over = false;
+      const bool whole = reader([&](const char* data, size_t n) {
+        if (body.size() + n > opt.max_body_bytes) {
+          over = true;
+          return false;
+        }
+        body.append(data, n);
+        return true;
+      });
+      if (over) return fail(req, res, too_large(), true);
+      if (!whole) return fail(req, res, invalid_request("the request body could not be read"), true);
+      run(req, res, [&] { fn(req, body, res); });
+    };
+  }
+
+  // Wraps a handler without a body (GET routes).
   httplib::Server::Handler guarded(std::function<void(const httplib::Request&, httplib::Response&)> fn) {
     return [this, fn](const httplib::Request& req, httplib::Response& res) {
       in_flight++;
@@ -70,37 +167,46 @@ struct HttpServer::Impl {
         std::atomic<int>& n;
         ~Done() { n--; }
       } done{in_flight};
-      try {
-        // Checked here, after httplib has read the body: an answer sent before it would leave the body
-        // in the connection to be parsed as the next request.
-        if (!ready.load()) throw unavailable("Loading model");
-        if (opt.keys.enabled() && tenant_of(req) < 0)
-          throw ApiError(401, "authentication_error", "Invalid API Key: send it as 'Authorization: Bearer KEY' or 'X-Api-Key: KEY'");
-        fn(req, res);
-      } catch (const ApiError& e) {
-        metrics.requests_rejected_total++;
-        log(req, e.status(), e.type() + ": " + e.what());
-        send_error(res, e);
-      } catch (const std::exception& e) {
-        log(req, 500, e.what());
-        send_error(res, ApiError(500, "server_error", std::string("internal error: ") + e.what()));
-      }
+      run(req, res, [&] { fn(req, res); });
     };
   }
 
+  void run(const httplib::Request& req, httplib::Response& res, const std::function<void()>& fn) {
+    try {
+      if (!ready.load()) throw unavailable("Loading model");  // also checked in screen(); kept for safety
+      if (opt.keys.enabled() && tenant_of(req) < 0)
+        throw ApiError(401, "authentication_error", "Invalid API Key: send it as 'Authorization: Bearer KEY' or 'X-Api-Key: KEY'");
+      fn();
+    } catch (const ApiError& e) {
+      fail(req, res, e, false);
+    } catch (const std::exception& e) {
+      log(req, 500, e.what());
+      send_error(res, ApiError(500, "server_error", "internal error"));
+    }
+  }
+
+  std::set<std::string> post_paths;
+
   void routes();
-  void completion(const httplib::Request& req, httplib::Response& res, Endpoint ep);
-  void slots_save(const httplib::Request& req, httplib::Response& res);
-  void slots_restore(const httplib::Request& req, httplib::Response& res);
-  std::string slot_path(const json& body) const {
+  void completion(const httplib::Request& req, const std::string& body, httplib::Response& res, Endpoint ep);
+  void slots_save(const httplib::Request& req, const std::string& body, httplib::Response& res);
+  void slots_restore(const httplib::Request& req, const std::string& body, httplib::Response& res);
+  void post(const std::string& path, BodyHandler fn) {
+    post_paths.insert(path);
+    http.Post(path, guarded_body(std::move(fn)));
+  }
+  // The caller's slot file: under the caller's own folder (one per API key).
+  std::string slot_path(const httplib::Request& req, const json& body) const {
     if (opt.slot_save_path.empty())
       throw ApiError(501, "not_supported_error", "slot saving is disabled: start the server with --slot-save-path DIR");
-    return (std::filesystem::path(opt.slot_save_path) / parse_slot_filename(body)).string();
+    const std::string key =
+        opt.keys.enabled() ? ApiKeys::from_headers(req.get_header_value("Authorization"), req.get_header_value("X-Api-Key")) : "";
+    return (std::filesystem::path(slot_folder(opt.slot_save_path, key)) / parse_slot_filename(body)).string();
   }
 };
 
-void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response& res, Endpoint ep) {
-  const json body = parse_body(req.body);
+void HttpServer::Impl::completion(const httplib::Request& req, const std::string& text, httplib::Response& res, Endpoint ep) {
+  const json body = parse_body(text);
   const CompletionRequest r = ep == Endpoint::Chat ? parse_chat_request(body, defaults.limits) : parse_completion_request(body, defaults.limits);
   const std::string id = new_id(ep == Endpoint::Chat ? "chatcmpl-" : "cmpl-");
   std::unique_ptr<Job> job = prepare_job(r, *model, engine->n_ctx(), defaults, *presses, tenant_of(req), id);
@@ -111,9 +217,17 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
   auto shape = std::make_shared<ResponseShape>(ResponseShape{ep, id, (int64_t)std::time(nullptr), opt.model_id, r.include_usage});
   if (!r.stream) {
     std::string text;
+    auto next_check = Clock::now();
     const auto give_up = Clock::now() + std::chrono::seconds((int64_t)(timeout_s > 0 ? timeout_s : 86400) + 60);
     for (;;) {
-      auto ev = channel->pop(std::chrono::milliseconds(500));
+      auto ev = channel->pop(std::chrono::milliseconds(250));
+      if (Clock::now() >= next_check) {  // tokens keep coming while generating: checked by time, not on idle
+        next_check = Clock::now() + std::chrono::milliseconds(250);
+        if (client_gone()) {  // nobody will read the answer: the scheduler drops the job and its pages
+          channel->cancel();
+          throw invalid_request("the client closed the connection");
+        }
+      }
       if (!ev) {
         if (Clock::now() > give_up) {
           channel->cancel();
@@ -177,9 +291,12 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
       });
 }
 
-void HttpServer::Impl::slots_save(const httplib::Request& req, httplib::Response& res) {
-  json body = parse_body(req.body);
-  const std::string path = slot_path(body);
+void HttpServer::Impl::slots_save(const httplib::Request& req, const std::string& text, httplib::Response& res) {
+  json body = parse_body(text);
+  const std::string path = slot_path(req, body);
+  const std::string folder = std::filesystem::path(path).parent_path().string();
+  const std::string name = std::filesystem::path(path).filename().string();
+  check_slot_quota(folder, name, 0, opt.slot_quota);  // the file count, before any work
   body.erase("filename");
   body["max_tokens"] = 1;
   body["stream"] = false;
@@ -206,10 +323,23 @@ void HttpServer::Impl::slots_save(const httplib::Request& req, httplib::Response
     meta.press = settings;
     meta.tokens = prompt;
     meta.logits.assign(e->seq->logits(), e->seq->logits() + model->config().n_vocab);
+    // Written under a hidden name, checked against the key's byte quota, then renamed over `path` (on
+    // the loop thread, so saves never race each other's quota check).
+    const std::string tmp = (std::filesystem::path(folder) / ("." + name + ".saving")).string();
     try {
-      save_cache_file(path, *model, e->seq->cache(), meta);
-    } catch (const Error& err) {
-      throw ApiError(500, "server_error", err.what());
+      std::filesystem::create_directories(folder);
+      save_cache_file(tmp, *model, e->seq->cache(), meta);
+      check_slot_quota(folder, name, (int64_t)std::filesystem::file_size(tmp), opt.slot_quota);
+      std::filesystem::rename(tmp, path);
+    } catch (const ApiError&) {
+      std::error_code ec;
+      std::filesystem::remove(tmp, ec);
+      throw;
+    } catch (const std::exception& err) {
+      std::error_code ec;
+      std::filesystem::remove(tmp, ec);
+      log(req, 500, err.what());  // the full message, with the server's folder, only in the log
+      throw ApiError(500, "server_error", "the slot file '" + name + "' could not be written");
     }
     const KvCache& c = e->seq->cache();
     out = {{"filename", std::filesystem::path(path).filename().string()}, {"n_tokens", prompt.size()},
@@ -220,9 +350,9 @@ void HttpServer::Impl::slots_save(const httplib::Request& req, httplib::Response
   send_json(res, 200, out);
 }
 
-void HttpServer::Impl::slots_restore(const httplib::Request& req, httplib::Response& res) {
-  const json body = parse_body(req.body);
-  const std::string path = slot_path(body);
+void HttpServer::Impl::slots_restore(const httplib::Request& req, const std::string& text, httplib::Response& res) {
+  const json body = parse_body(text);
+  const std::string path = slot_path(req, body);
   if (!std::filesystem::is_regular_file(path)) throw ApiError(404, "not_found_error", "no slot file named '" + std::filesystem::path(path).filename().string() + "'");
   const int tenant = tenant_of(req);
   json out;
@@ -256,13 +386,21 @@ void HttpServer::Impl::routes() {
   http.set_payload_max_length(opt.max_body_bytes);
   http.set_read_timeout(10);
   http.set_write_timeout(30);
-  http.new_task_queue = [n = opt.threads] { return new httplib::ThreadPool((size_t)n); };
+  // httplib's own workers only hand each new connection to the gate (http_conn.inc); the gate's
+  // workers (opt.threads) serve the requests.
+  http.new_task_queue = [] { return new httplib::ThreadPool(2); };
 
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) { return screen(req, res); });
+  // httplib answers "Expect: 100-continue" before routing: the same screen decides, so a refused
+  // client is told (and the connection closed) before it sends the body.
+  http.set_expect_100_continue_handler([this](const httplib::Request& req, httplib::Response& res) {
+    return screen(req, res) == httplib::Server::HandlerResponse::Handled ? res.status : 100;
+  });
   http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
+    if (!res.body.empty() || closing(res)) return;
     if (res.status == 413) {
       log(req, 413, "body too large");
-      send_error(res, ApiError(413, "invalid_request_error", "the request body is larger than the limit of " + std::to_string(opt.max_body_bytes) + " bytes"));
+      send_error(res, too_large());
     } else if (res.status == 404) {
       send_error(res, ApiError(404, "not_found_error", "no route " + req.method + " " + req.path));
     } else {
@@ -297,15 +435,15 @@ void HttpServer::Impl::routes() {
     res.set_content(metrics.render(), "text/plain; version=0.0.4");
   }));
 
-  auto chat = guarded([this](const httplib::Request& req, httplib::Response& res) { completion(req, res, Endpoint::Chat); });
-  auto cmpl = guarded([this](const httplib::Request& req, httplib::Response& res) { completion(req, res, Endpoint::Completion); });
-  http.Post("/v1/chat/completions", chat);
-  http.Post("/chat/completions", chat);
-  http.Post("/v1/completions", cmpl);
-  http.Post("/completions", cmpl);
+  auto chat = [this](const httplib::Request& req, const std::string& body, httplib::Response& res) { completion(req, body, res, Endpoint::Chat); };
+  auto cmpl = [this](const httplib::Request& req, const std::string& body, httplib::Response& res) { completion(req, body, res, Endpoint::Completion); };
+  post("/v1/chat/completions", chat);
+  post("/chat/completions", chat);
+  post("/v1/completions", cmpl);
+  post("/completions", cmpl);
 
-  http.Post("/tokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
-    const TokenizeRequest t = parse_tokenize_request(parse_body(req.body));
+  post("/tokenize", [this](const httplib::Request& req, const std::string& body, httplib::Response& res) {
+    const TokenizeRequest t = parse_tokenize_request(parse_body(body));
     const Tokenizer& tok = model->tokenizer();
     std::vector<int32_t> ids;
     try {
@@ -324,13 +462,13 @@ void HttpServer::Impl::routes() {
       else out.push_back({{"id", id}, {"piece", std::vector<uint8_t>(piece.begin(), piece.end())}});
     }
     send_json(res, 200, {{"tokens", out}});
-  }));
-  http.Post("/detokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
-    const std::vector<int32_t> ids = parse_detokenize_request(parse_body(req.body), model->config().n_vocab);
+  });
+  post("/detokenize", [this](const httplib::Request&, const std::string& body, httplib::Response& res) {
+    const std::vector<int32_t> ids = parse_detokenize_request(parse_body(body), model->config().n_vocab);
     send_json(res, 200, {{"content", model->tokenizer().decode(ids)}});
-  }));
-  http.Post("/slots/save", guarded([this](const httplib::Request& req, httplib::Response& res) { slots_save(req, res); }));
-  http.Post("/slots/restore", guarded([this](const httplib::Request& req, httplib::Response& res) { slots_restore(req, res); }));
+  });
+  post("/slots/save", [this](const httplib::Request& req, const std::string& body, httplib::Response& res) { slots_save(req, body, res); });
+  post("/slots/restore", [this](const httplib::Request& req, const std::string& body, httplib::Response& res) { slots_restore(req, body, res); });
 }
 
 HttpServer::HttpServer(HttpOptions opt, Metrics& metrics) : impl_(std::make_unique<Impl>(std::move(opt), metrics)) { impl_->routes(); }
@@ -358,16 +496,24 @@ void HttpServer::attach(const Model& model, Engine& engine, Scheduler& scheduler
   impl_->scheduler = &scheduler;
   impl_->defaults = defaults;
   impl_->presses = std::make_unique<PressFactory>(model);
+  scheduler.prefix_cache().set_entry_overhead((int64_t)model.config().n_vocab * (int64_t)sizeof(float));  // logits
   impl_->ready = true;
 }
 
-void HttpServer::listen() { impl_->http.listen_after_bind(); }
+void HttpServer::listen() {
+  GateLimits g;
+  g.header_timeout = std::chrono::seconds(impl_->opt.header_timeout_s);
+  g.max_per_client = impl_->opt.max_conns_per_client;
+  impl_->http.start_gate(g, (size_t)impl_->opt.threads, &impl_->metrics);
+  impl_->http.listen_after_bind();
+}
 void HttpServer::stop() {
   // Streams write their last frame (finish or "shutting down") before httplib stops writing them.
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
   while (impl_->in_flight.load() > 0 && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   impl_->http.stop();
+  impl_->http.stop_gate();
 }
 
 }  // namespace kvzap::server

@@ -9,6 +9,7 @@
 #include "server/auth.h"
 #include "server/metrics.h"
 #include "server/prepare.h"
+#include "server/slots.h"
 
 namespace kvzap {
 class Engine;
@@ -25,8 +26,11 @@ struct HttpOptions {
   ApiKeys keys;
   size_t max_body_bytes = 8 << 20;
   std::string model_id;        // "model" in responses and /v1/models
-  std::string slot_save_path;  // empty: /slots/* disabled
+  std::string slot_save_path;  // empty: /slots/* disabled; with API keys, one subfolder per key (slots.h)
+  SlotQuota slot_quota;        // per key
   int threads = 16;            // HTTP worker threads (streams hold one each)
+  int header_timeout_s = 10;   // a connection must send a whole header block within this (else closed)
+  int max_conns_per_client = 1024;  // open connections per client address (beyond: 503 and close)
   bool log_requests = true;
 };
 

@@ -70,6 +70,9 @@ std::string Metrics::render() const {
   metric(out, "counter", "kvzap:request_success_total", "requests finished normally", (double)requests_finished_total.load());
   metric(out, "counter", "kvzap:request_cancelled_total", "requests cancelled (client gone, shutdown)", (double)requests_cancelled_total.load());
   metric(out, "counter", "kvzap:request_rejected_total", "requests refused before running (4xx, queue full)", (double)requests_rejected_total.load());
+  metric(out, "gauge", "kvzap:http_connections_open", "open HTTP connections", (double)http_connections_open.load());
+  metric(out, "counter", "kvzap:http_connections_timed_out_total", "connections closed for missing the header or idle deadline", (double)http_connections_timed_out_total.load());
+  metric(out, "counter", "kvzap:http_connections_refused_total", "connections refused over --max-conns-per-client", (double)http_connections_refused_total.load());
   out += time_to_first_token.render("kvzap:time_to_first_token_seconds", "time from arrival to the first generated token");
   out += iteration_tokens.render("kvzap:iteration_tokens_total", "tokens per forward step (decode tokens and prompt chunks)");
   out += inter_token_latency.render("kvzap:inter_token_latency_seconds", "time between consecutive generated tokens");

@@ -35,6 +35,9 @@ struct Metrics {
   std::atomic<int64_t> requests_finished_total{0}, requests_cancelled_total{0}, requests_rejected_total{0};
   std::atomic<int64_t> prefix_cache_evictions_total{0};  // entries dropped (LRU, or yielding to requests)
   std::atomic<int64_t> num_requests_prefilling{0};        // gauge: running requests still feeding their prompt
+  // Connections (the HTTP layer's gate): open now; closed for a missed deadline; refused over the
+  // per-address cap.
+  std::atomic<int64_t> http_connections_open{0}, http_connections_timed_out_total{0}, http_connections_refused_total{0};
   Histogram time_to_first_token{{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}};
   // Tokens per forward step (decode tokens + prefill chunks), vLLM's buckets.
   Histogram iteration_tokens{{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384}};

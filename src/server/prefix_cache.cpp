@@ -23,7 +23,7 @@ PrefixCache::Entry* PrefixCache::find_exact(const std::string& key, const std::v
 }
 
 bool PrefixCache::insert(std::string key, std::vector<int32_t> tokens, std::unique_ptr<Sequence> seq) {
-  const int64_t bytes = seq->cache().bytes_resident();
+  const int64_t bytes = seq->cache().bytes_resident() + entry_overhead_ + (int64_t)(tokens.size() * sizeof(int32_t));
   for (auto it = entries_.begin(); it != entries_.end(); ++it)
     if (it->key == key && it->tokens == tokens) {
       bytes_ -= it->bytes;

@@ -24,6 +24,9 @@ class PrefixCache {
   };
 
   explicit PrefixCache(int64_t budget_bytes) : budget_(budget_bytes) {}
+  // Bytes each entry holds besides its KV pages and tokens (its sequence's logits), counted against the
+  // budget. Set before the scheduler runs.
+  void set_entry_overhead(int64_t bytes) { entry_overhead_ = bytes; }
   int64_t budget_bytes() const { return budget_; }
   int64_t bytes() const { return bytes_; }
   size_t size() const { return entries_.size(); }
@@ -41,7 +44,7 @@ class PrefixCache {
   void clear() { entries_.clear(), bytes_ = 0; }
 
  private:
-  int64_t budget_, bytes_ = 0;
+  int64_t budget_, bytes_ = 0, entry_overhead_ = 0;
   std::list<Entry> entries_;  // front = most recently used
 };
 

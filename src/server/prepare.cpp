@@ -1,5 +1,6 @@
 #include "server/prepare.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 
@@ -9,9 +10,8 @@ namespace kvzap::server {
 
 std::unique_ptr<Press> PressFactory::make(const PressOptions& o, const std::string& key) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = prototypes_.find(key);
-  if (it != prototypes_.end()) {
-    if (auto p = it->second->clone()) return p;
+  if (std::unique_ptr<Press>* proto = prototypes_.get(key)) {
+    if (auto p = (*proto)->clone()) return p;
   }
   std::unique_ptr<Press> p;
   try {
@@ -19,9 +19,7 @@ std::unique_ptr<Press> PressFactory::make(const PressOptions& o, const std::stri
   } catch (const Error& e) {
     throw invalid_request(std::string("kv_compression: ") + e.what());
   }
-  if (it == prototypes_.end()) {
-    if (auto proto = p->clone()) prototypes_.emplace(key, std::move(proto));
-  }
+  if (auto proto = p->clone()) prototypes_.put(key, std::move(proto));
   return p;
 }
 
@@ -72,6 +70,26 @@ std::string press_settings_key(bool has_press, const PressOptions& o) {
   return buf;
 }
 
+void check_prompt_fits_press(const PressOptions& o, int64_t n_prompt, int64_t n_ctx) {
+  // SnapKV and the presses built on its scores (press/baselines.h) vote with the context's last 64
+  // queries and fail on a shorter context; in a batch step that failure would end every request in it.
+  constexpr int64_t kSnapKvWindow = 64;
+  std::string base = o.name;
+  if (base.rfind("adakv_", 0) == 0) base = base.substr(6);
+  if (o.has_ratio && (base == "snapkv" || base == "chunkkv" || base == "pyramidkv") && n_prompt <= kSnapKvWindow)
+    throw invalid_request("kv_compression: press '" + o.name + "' (SnapKV scores) needs a prompt longer than " +
+                          std::to_string(kSnapKvWindow) + " tokens, got " + std::to_string(n_prompt));
+  // KVzip scores by a repeat pass: the context plus a chat-wrapped copy of up to 2048 of its tokens
+  // (press/scorer_kvzip.cpp) must fit the context; 64 tokens cover the template around the copy.
+  if (base == "kvzip" || base == "kvzip+") {
+    const int64_t need = n_prompt + std::min<int64_t>(n_prompt, 2048) + 64;
+    if (need > n_ctx)
+      throw invalid_request("kv_compression: press '" + o.name + "' needs about " + std::to_string(need) +
+                            " tokens of context for its repeat pass (prompt of " + std::to_string(n_prompt) +
+                            "), the server has " + std::to_string(n_ctx) + " (-c)");
+  }
+}
+
 std::string press_label(bool has_press, const PressOptions& o) { return has_press ? o.name : "none"; }
 
 std::vector<int32_t> prompt_tokens(const CompletionRequest& r, const Tokenizer& tok) {
@@ -103,6 +121,7 @@ std::unique_ptr<Job> prepare_job(const CompletionRequest& r, const Model& model,
   job->gen.stop = r.stop;
   job->gen.stop_at_eog = !r.ignore_eos;
   job->has_press = resolve_press(r.kv_compression, d, job->press_options);
+  if (job->has_press) check_prompt_fits_press(job->press_options, n, n_ctx);
   const std::string settings = press_settings_key(job->has_press, job->press_options);
   if (job->has_press) job->first_press = presses.make(job->press_options, settings);
   job->press_label = press_label(job->has_press, job->press_options);

@@ -9,6 +9,7 @@
 
 #include "model/model.h"
 #include "server/job.h"
+#include "server/lru.h"
 #include "server/request.h"
 
 namespace kvzap::server {
@@ -24,22 +25,34 @@ struct ServerDefaults {
   double request_timeout_s = 600;   // per-request time limit
 };
 
-// Makes presses, cloning a prototype per settings so surrogate weights load once. Thread-safe.
+// Makes presses, cloning a prototype per settings string. The prototypes are a bounded LRU (clients choose
+// the settings, so the set is unbounded); surrogate weights are shared per folder (press/scorer_kvzap.cpp),
+// so a new threshold costs a press, not a copy of the weights. Thread-safe.
 class PressFactory {
  public:
-  explicit PressFactory(const Model& model) : model_(model) {}
+  static constexpr size_t kDefaultPrototypes = 32;
+  explicit PressFactory(const Model& model, size_t max_prototypes = kDefaultPrototypes)
+      : model_(model), prototypes_(max_prototypes) {}
   // Throws ApiError 400 with make_press's message for unknown presses or bad settings.
   std::unique_ptr<Press> make(const PressOptions& o, const std::string& key);
+  size_t n_prototypes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return prototypes_.size();
+  }
 
  private:
   const Model& model_;
   std::mutex mu_;
-  std::map<std::string, std::unique_ptr<Press>> prototypes_;
+  LruCache<std::string, std::unique_ptr<Press>> prototypes_;
 };
 
 // The effective press for a request: none, the server default, or the request's kv_compression on top.
 // Returns false for "no press". Throws ApiError on inconsistent settings.
 bool resolve_press(const std::optional<KvCompressionSpec>& spec, const ServerDefaults& d, PressOptions& out);
+// Throws ApiError 400 when the press cannot work on this prompt: SnapKV's 64-token window, KVzip's
+// repeat pass that must fit the context (n_ctx). Such failures inside a batch step would be 500s that
+// end every request of the step.
+void check_prompt_fits_press(const PressOptions& o, int64_t n_prompt, int64_t n_ctx);
 // A canonical text of the settings, for prefix reuse ("none" without a press).
 std::string press_settings_key(bool has_press, const PressOptions& o);
 

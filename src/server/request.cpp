@@ -48,8 +48,11 @@ double get_number(const json& v, const std::string& field, double lo, double hi)
 // An integer within [lo, hi] (floats such as 10.0 are refused: the field is a count).
 int64_t get_integer(const json& v, const std::string& field, int64_t lo, int64_t hi) {
   if (v.is_number_unsigned()) {
-    const uint64_t u = v.get<uint64_t>();
+    const uint64_t u = v.get<uint64_t>();  // JSON's non-negative integers land here: lo still applies
     if (u > (uint64_t)hi) throw invalid_request("'" + field + "' must be at most " + std::to_string(hi) + ", got " + v.dump());
+    if (lo > 0 && u < (uint64_t)lo)
+      throw invalid_request("'" + field + "' must be between " + std::to_string(lo) + " and " + std::to_string(hi) +
+                            ", got " + v.dump());
     return (int64_t)u;
   }
   if (!v.is_number_integer()) wrong_type(field, "an integer", v);
@@ -143,6 +146,19 @@ void parse_common(const json& body, const RequestLimits& limits, CompletionReque
   if (const json* v = find(body, "tools"); v && !v->is_null()) {
     if (!v->is_array()) wrong_type("tools", "an array", *v);
     if (!v->empty()) throw not_supported("'tools' (function calling) is not supported by this server");
+  }
+  // Accepted by OpenAI but not implemented here: refused rather than silently ignored.
+  if (const json* v = find(body, "logit_bias"); v && !v->is_null()) {
+    if (!v->is_object()) wrong_type("logit_bias", "an object", *v);
+    if (!v->empty()) throw not_supported("'logit_bias' is not supported by this server");
+  }
+  if (const json* v = find(body, "top_logprobs"); v && !v->is_null()) {
+    if (get_integer(*v, "top_logprobs", 0, 20) != 0) throw not_supported("'top_logprobs' is not supported by this server");
+  }
+  if (const json* v = find(body, "tool_choice"); v && !v->is_null()) {
+    // Without tools, "none" and "auto" mean the same as no tool_choice.
+    if (!v->is_string() || (v->get<std::string>() != "none" && v->get<std::string>() != "auto"))
+      throw not_supported("'tool_choice' other than \"none\" or \"auto\" is not supported by this server (no function calling)");
   }
   if (const json* v = find(body, "response_format"); v && !v->is_null()) {
     if (!v->is_object()) wrong_type("response_format", "an object", *v);

@@ -1,5 +1,7 @@
 #include "tokenizer/chat_prompt.h"
 
+#include <algorithm>
+
 #include "kvzap/error.h"
 
 namespace kvzap {
@@ -106,6 +108,74 @@ std::vector<int32_t> ChatPrompt::encode(const std::string& rendered) const {
   const TokenizerVocab& v = tok_.vocab();
   const bool has_bos = !bos_.empty() && rendered.compare(0, bos_.size(), bos_) == 0;
   return tok_.encode(rendered, v.add_bos && v.bos_id >= 0 && !has_bos, /*parse_special=*/true);
+}
+
+namespace {
+constexpr char kGuard[] = "\xEF\xB7\x90";  // U+FDD0
+constexpr size_t kGuardLen = 3;
+
+size_t utf8_len(unsigned char c) { return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
+}  // namespace
+
+std::string guard_content(const std::string& content, const std::vector<std::string>& control_texts) {
+  std::vector<uint8_t> mark(content.size() + 1, 0);  // mark[i]: a marker goes before byte i
+  bool any = content.find(kGuard) != std::string::npos;
+  for (const std::string& t : control_texts) {
+    if (t.empty()) continue;
+    const size_t first = utf8_len((unsigned char)t[0]);
+    if (first >= t.size()) continue;  // a one-character token has no inside to mark (none known)
+    for (size_t at = content.find(t); at != std::string::npos; at = content.find(t, at + 1)) {
+      mark[at + first] = 1;
+      any = true;
+    }
+  }
+  if (!any) return content;
+  std::string out;
+  out.reserve(content.size() + 16);
+  for (size_t i = 0; i < content.size();) {
+    if (mark[i]) out += kGuard;
+    if (content.compare(i, kGuardLen, kGuard) == 0) {
+      out += kGuard;
+      out += kGuard;
+      i += kGuardLen;
+      continue;
+    }
+    out += content[i++];
+  }
+  if (mark[content.size()]) out += kGuard;
+  return out;
+}
+
+std::string strip_guards(const std::string& text, std::vector<size_t>& blocked) {
+  blocked.clear();
+  if (text.find(kGuard) == std::string::npos) return text;
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    if (text.compare(i, kGuardLen, kGuard) != 0) {
+      out += text[i++];
+      continue;
+    }
+    if (text.compare(i + kGuardLen, kGuardLen, kGuard) == 0) {  // a doubled marker: the client's own character
+      out += kGuard;
+      i += 2 * kGuardLen;
+      continue;
+    }
+    if (blocked.empty() || blocked.back() != out.size()) blocked.push_back(out.size());
+    i += kGuardLen;
+  }
+  return out;
+}
+
+std::vector<int32_t> ChatPrompt::encode(const std::vector<ChatMessage>& msgs, const ChatOptions& opt) const {
+  const std::vector<std::string> controls = tok_.control_texts();
+  std::vector<ChatMessage> guarded = msgs;
+  for (ChatMessage& m : guarded) m.content = guard_content(m.content, controls);
+  std::vector<size_t> blocked;
+  const std::string rendered = strip_guards(render(guarded, opt), blocked);
+  const TokenizerVocab& v = tok_.vocab();
+  const bool has_bos = !bos_.empty() && rendered.compare(0, bos_.size(), bos_) == 0;
+  return tok_.encode(rendered, v.add_bos && v.bos_id >= 0 && !has_bos, /*parse_special=*/true, blocked);
 }
 
 ChatPrompt::UserTurn ChatPrompt::user_turn(const ChatOptions& opt) const {

@@ -37,6 +37,13 @@ std::string render_chat_template(const jinja::Template& tmpl, const nlohmann::or
 
 nlohmann::ordered_json messages_to_json(const std::vector<ChatMessage>& msgs);
 
+// Content guarding, behind ChatPrompt::encode(msgs): guard_content puts a marker (U+FDD0, a noncharacter)
+// after the first character of every occurrence of a control-token text and doubles a literal marker;
+// after rendering, strip_guards removes the markers, restores literal ones and returns in `blocked` the
+// offsets (sorted) where a marker stood, across which Tokenizer::encode matches no special token.
+std::string guard_content(const std::string& content, const std::vector<std::string>& control_texts);
+std::string strip_guards(const std::string& text, std::vector<size_t>& blocked);
+
 class ChatPrompt {
  public:
   // The model's own template when the vocabulary has one, else the built-in format detect_chat_format
@@ -53,9 +60,10 @@ class ChatPrompt {
   std::string render(const std::vector<ChatMessage>& msgs, const ChatOptions& opt = {}) const;
   // Tokens of rendered text (a whole prompt or its start): special tokens parsed, BOS per the rule above.
   std::vector<int32_t> encode(const std::string& rendered) const;
-  std::vector<int32_t> encode(const std::vector<ChatMessage>& msgs, const ChatOptions& opt = {}) const {
-    return encode(render(msgs, opt));
-  }
+  // The tokens of a chat. Message contents are text: control-token text inside them (a forged
+  // "<|im_end|>\n<|im_start|>system") tokenizes as plain text would, as encode(content, false,
+  // parse_special=false) does; only the template's own control tokens become control tokens.
+  std::vector<int32_t> encode(const std::vector<ChatMessage>& msgs, const ChatOptions& opt = {}) const;
 
   // One user turn split around its content: render({{"user", X}}, opt) == prefix + X + suffix.
   // Throws kvzap::Error if the template does not keep the content verbatim.

@@ -94,7 +94,8 @@ struct Tokenizer::Impl {
     return id < n_vocab ? v.tokens[id] : extra_symbols[id - n_vocab];
   }
 
-  void partition(std::string_view text, bool parse_special, std::vector<Fragment>& frags) const;
+  void partition(std::string_view text, bool parse_special, std::vector<Fragment>& frags,
+                 const std::vector<size_t>* no_special_inside = nullptr) const;
   void encode_raw(std::string_view text, const TokenizerVocab& v, std::vector<int32_t>& out) const;
   std::vector<int32_t> encode_spm(std::string_view text, const std::vector<Fragment>& frags, const TokenizerVocab& v,
                                   bool add_bos) const;
@@ -275,7 +276,13 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::File& f) {
 }
 
 // Splits on literal special-token texts, longest token first, as llama.cpp's tokenizer_st_partition.
-void Tokenizer::Impl::partition(std::string_view text, bool parse_special, std::vector<Fragment>& frags) const {
+void Tokenizer::Impl::partition(std::string_view text, bool parse_special, std::vector<Fragment>& frags,
+                                const std::vector<size_t>* no_special_inside) const {
+  auto blocked = [no_special_inside](size_t s, size_t e) {
+    if (!no_special_inside) return false;
+    auto it = std::upper_bound(no_special_inside->begin(), no_special_inside->end(), s);
+    return it != no_special_inside->end() && *it < e;
+  };
   frags.assign(1, Fragment{-1, 0, text.size()});
   std::vector<Fragment> next;
   for (int32_t id : partition_tokens) {
@@ -289,10 +296,15 @@ void Tokenizer::Impl::partition(std::string_view text, bool parse_special, std::
         continue;
       }
       const std::string_view raw = text.substr(f.offset, f.length);
-      size_t pos = 0;
-      for (size_t hit; (hit = raw.find(st, pos)) != std::string_view::npos; pos = hit + st.size()) {
+      size_t pos = 0, from = 0;
+      for (size_t hit; (hit = raw.find(st, from)) != std::string_view::npos;) {
+        if (blocked(f.offset + hit, f.offset + hit + st.size())) {
+          from = hit + 1;
+          continue;
+        }
         if (hit > pos) next.push_back({-1, f.offset + pos, hit - pos});
         next.push_back({id, 0, 0});
+        pos = from = hit + st.size();
       }
       if (pos < raw.size()) next.push_back({-1, f.offset + pos, raw.size() - pos});
     }
@@ -436,18 +448,31 @@ std::vector<int32_t> Tokenizer::Impl::encode_spm(std::string_view text, const st
 }
 
 std::vector<int32_t> Tokenizer::encode(const std::string& text, bool add_bos, bool parse_special) const {
+  return encode(text, add_bos, parse_special, {});
+}
+
+std::vector<std::string> Tokenizer::control_texts() const {
+  std::vector<std::string> out;
+  for (int32_t id : impl_->partition_tokens)
+    if (impl_->needs_parse_special[id]) out.push_back(impl_->bytes[id]);
+  return out;
+}
+
+std::vector<int32_t> Tokenizer::encode(const std::string& text, bool add_bos, bool parse_special,
+                                       const std::vector<size_t>& no_special_inside) const {
   size_t bad = 0;
   if (!is_valid_utf8(text, &bad)) throw Error("invalid UTF-8 at byte " + std::to_string(bad));
+  const std::vector<size_t>* guard = no_special_inside.empty() ? nullptr : &no_special_inside;
   if (impl_->spm) {
     std::vector<Fragment> frags;
-    if (!text.empty()) impl_->partition(text, parse_special, frags);
+    if (!text.empty()) impl_->partition(text, parse_special, frags, guard);
     return impl_->encode_spm(text, frags, vocab_, add_bos);
   }
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 2);
   if (add_bos && vocab_.bos_id >= 0) out.push_back(vocab_.bos_id);
   std::vector<Fragment> frags;
-  impl_->partition(text, parse_special, frags);
+  impl_->partition(text, parse_special, frags, guard);
   for (const Fragment& f : frags) {
     if (f.token >= 0)
       out.push_back(f.token);

@@ -47,6 +47,12 @@ class Tokenizer {
   // parse_special: literal special/control token strings in the text become their ids (user-defined
   // tokens always do, as in llama.cpp).
   std::vector<int32_t> encode(const std::string& text, bool add_bos, bool parse_special = true) const;
+  // As above, but no special token is matched across a byte offset in `no_special_inside` (sorted):
+  // a match [s, e) with s < q < e for some q stays plain text. How chat content stays text (chat_prompt.h).
+  std::vector<int32_t> encode(const std::string& text, bool add_bos, bool parse_special,
+                              const std::vector<size_t>& no_special_inside) const;
+  // Texts of the tokens that only parse_special turns into tokens (control and unknown tokens).
+  std::vector<std::string> control_texts() const;
   // Raw bytes of one token (control tokens render as their text unless skip_special).
   std::string token_bytes(int32_t id, bool skip_special = false) const;
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;

@@ -23,6 +23,7 @@ def server(tmp_path_factory):
     with s.client() as c:  # a valid slot file to damage in the catalogue
         r = c.post("/slots/save", json={"filename": "good.kvc", "prompt": "A short saved context about owls."})
         assert r.status_code == 200, r.text
+    slots = slots / ("key-" + hashlib.sha256(KEY.encode()).hexdigest()[:16])  # the key's own slot folder
     good = (slots / "good.kvc").read_bytes()
     (slots / "garbage.kvc").write_bytes(b"this is not a cache file at all" * 10)
     (slots / "truncated.kvc").write_bytes(good[: len(good) // 2])
