@@ -120,6 +120,11 @@ TEST_F(EngineTest, BatchedStepsGiveWhatEachSequenceGetsAlone) { batched_equals_a
 // The same with f32 caches (--kv-type f32), presses included (KVzap-MLP while decoding, KNorm).
 TEST_F(EngineTest, BatchedStepsGiveWhatEachSequenceGetsAloneF32) { batched_equals_alone(KvType::F32); }
 
+// The same with quantised caches (--kv-type q8_0 / q4_0): rows are quantised alone, so batching
+// cannot change them.
+TEST_F(EngineTest, BatchedStepsGiveWhatEachSequenceGetsAloneQ8_0) { batched_equals_alone(KvType::Q8_0); }
+TEST_F(EngineTest, BatchedStepsGiveWhatEachSequenceGetsAloneQ4_0) { batched_equals_alone(KvType::Q4_0); }
+
 void EngineTest::batched_equals_alone(KvType type) {
   auto options = [&](int64_t n_batch) { return EngineTest::options(n_batch, 0, type); };
   constexpr int kSeqs = 8, kDecode = 12;
