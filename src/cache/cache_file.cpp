@@ -150,7 +150,7 @@ CacheFileMeta load_cache_file(const std::string& path, const Model& model, KvCac
   if (fp != fingerprint_raw(model)) throw Error(path + ": the cache file was saved for another model");
   if ((int)L != cache.n_layer() || (int)H != cache.n_head_kv() || (int)D != cache.head_dim() || (int)V != model.config().n_vocab)
     throw Error(path + ": the cache file's shape does not match the model");
-  if (kv_type > (uint32_t)KvType::F32) throw Error(path + ": corrupt cache file (unknown KV type " + std::to_string(kv_type) + ")");
+  if (kv_type > (uint32_t)kKvTypeLast) throw Error(path + ": corrupt cache file (unknown KV type " + std::to_string(kv_type) + ")");
   if ((KvType)kv_type != cache.kv_type())
     throw Error(path + ": the cache file holds " + kv_type_name((KvType)kv_type) + " keys and values, but this run uses " +
                 kv_type_name(cache.kv_type()) + " (rerun with --kv-type " + kv_type_name((KvType)kv_type) + ")");

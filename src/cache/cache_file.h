@@ -6,11 +6,11 @@
 // Layout (little-endian), version 2:
 //   header [144 bytes]: magic "KVZCACHE" | version u32 | header bytes u32 | model fingerprint [32] |
 //     n_layer u32 | n_head_kv u32 | head_dim u32 | n_vocab u32 | n_past i64 | n_tokens u64 |
-//     press bytes u32 | has logits u32 | kv type u32 (0 = f16, 1 = f32: KvType) | payload bytes u64 |
+//     press bytes u32 | has logits u32 | kv type u32 (0 = f16, 1 = f32, 2 = q8_0, 3 = q4_0: KvType) | payload bytes u64 |
 //     payload sha256 [32] | header sha256 [8, truncated]
 //   payload: press settings [press bytes] | tokens i32 [n_tokens] | logits f32 [n_vocab] (if has logits) |
 //     per stream (layer-major, then KV head): length u32 | positions i32 [length] | keys [length][head_dim] |
-//     values [length][head_dim] (f16 or f32, as the kv type says)
+//     values [length][row] (row = kv_row_bytes(kv type, head_dim): f16, f32, or q8_0/q4_0 blocks)
 // Version 1 (still read) is the same without the kv type field: f16 keys and values.
 // A truncated, corrupt, foreign-model or other-version file throws kvzap::Error with a one-line message;
 // so does a file whose KV type differs from the cache it is loaded into (no silent conversion: the

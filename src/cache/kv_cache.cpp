@@ -7,6 +7,8 @@
 
 #include "common/fp16.h"
 #include "kernels/matmul.h"
+#include "kernels/quant_blocks.h"
+#include "kernels/quant_ref.h"
 #include "kvzap/error.h"
 
 namespace kvzap {
@@ -14,18 +16,33 @@ namespace kvzap {
 KvType parse_kv_type(const std::string& name) {
   if (name == "f16") return KvType::F16;
   if (name == "f32") return KvType::F32;
-  throw Error("unknown KV cache type '" + name + "' (expected f16 or f32)");
+  if (name == "q8_0") return KvType::Q8_0;
+  if (name == "q4_0") return KvType::Q4_0;
+  throw Error("unknown KV cache type '" + name + "' (expected f16, f32, q8_0 or q4_0)");
+}
+
+// ggml's reference quantisers (kernels/quant_ref.cpp): q8_0 d = amax / 127, q = round(x * 127 / amax);
+// q4_0 d = m / -8 (m the element of largest magnitude), q = min(15, trunc(x / d + 8.5)), stored q + 8.
+void kv_quantize_row(KvType type, const float* x, void* dst, int head_dim) {
+  kernels::quantize_row_ref(type == KvType::Q8_0 ? GgmlType::Q8_0 : GgmlType::Q4_0, x, dst, head_dim);
+}
+
+void kv_dequantize_row(KvType type, const void* src, float* out, int head_dim) {
+  kernels::dequantize_row_ref(type == KvType::Q8_0 ? GgmlType::Q8_0 : GgmlType::Q4_0, src, out, head_dim);
 }
 
 int64_t KvCache::page_bytes_for(int head_dim, KvType type) {
-  return (int64_t)(2 * (size_t)kPageTokens * head_dim * kv_type_bytes(type) + kPageTokens * sizeof(int32_t));
+  if (kv_type_quantized(type) && head_dim % kernels::kQK != 0)
+    throw Error(std::string("--kv-type ") + kv_type_name(type) + " needs a head size that is a multiple of 32 (this model's is " +
+                std::to_string(head_dim) + "); use f16 or f32");
+  return (int64_t)(2 * (size_t)kPageTokens * kv_row_bytes(type, head_dim) + kPageTokens * sizeof(int32_t));
 }
 
 KvCache::KvCache(int n_layer, int n_head_kv, int head_dim, PagePool* pool, KvType type)
     : n_layer_(n_layer), n_head_kv_(n_head_kv), head_dim_(head_dim), type_(type), pool_(pool) {
-  row_bytes_ = (size_t)head_dim * kv_type_bytes(type);
+  page_bytes_ = page_bytes_for(head_dim, type);  // checks a quantised type's head size first
+  row_bytes_ = kv_row_bytes(type, head_dim);
   kv_page_half_ = (size_t)kPageTokens * row_bytes_;
-  page_bytes_ = page_bytes_for(head_dim, type);
   if (!pool_) {
     own_pool_ = std::make_unique<PagePool>(page_bytes_, 0);
     pool_ = own_pool_.get();
@@ -108,13 +125,8 @@ void KvCache::append(int layer, int head, const float* k, const float* v, int32_
   uint8_t* page = page_for_append(s, slot);
   uint8_t* kd = keys_of(page) + slot * row_bytes_;
   uint8_t* vd = values_of(page) + slot * row_bytes_;
-  if (type_ == KvType::F16) {
-    f32_to_f16_row(k, (uint16_t*)kd, head_dim_);
-    f32_to_f16_row(v, (uint16_t*)vd, head_dim_);
-  } else {
-    std::memcpy(kd, k, row_bytes_);
-    std::memcpy(vd, v, row_bytes_);
-  }
+  store_row(k, kd);
+  store_row(v, vd);
   positions_of(page)[slot] = pos;
   s.length++;
 }
@@ -167,11 +179,21 @@ const float* KvCache::key_at_f32(int layer, int head, int64_t i) const {
 const float* KvCache::value_at_f32(int layer, int head, int64_t i) const {
   return page_values_f32(layer, head, (int)(i / kPageTokens)) + (i % kPageTokens) * head_dim_;
 }
+void KvCache::store_row(const float* x, uint8_t* dst) const {
+  switch (type_) {
+    case KvType::F16: f32_to_f16_row(x, (uint16_t*)dst, head_dim_); return;
+    case KvType::F32: std::memcpy(dst, x, row_bytes_); return;
+    case KvType::Q8_0:
+    case KvType::Q4_0: kv_quantize_row(type_, x, dst, head_dim_); return;
+  }
+}
+
 void KvCache::row_to_f32(const uint8_t* src, float* out) const {
   if (type_ == KvType::F32) {
     std::memcpy(out, src, row_bytes_);
     return;
   }
+  if (kv_type_quantized(type_)) return kv_dequantize_row(type_, src, out, head_dim_);
   uint16_t h;
   for (int d = 0; d < head_dim_; d++) {
     std::memcpy(&h, src + 2 * (size_t)d, sizeof h);

@@ -2,7 +2,7 @@
 //
 // Each stream stores its kept entries in fixed-size pages taken from a PagePool (shared by every
 // sequence of an engine, or private to this cache): keys after RoPE and values in the cache's element
-// type (KvType: f16 by default, f32 on request), plus each entry's original position. Entries stay sorted by position. Evicting entries compacts the stream and
+// type (KvType: f16 by default; f32, q8_0 or q4_0 on request), plus each entry's original position. Entries stay sorted by position. Evicting entries compacts the stream and
 // returns emptied pages to the pool, so evicted entries really stop costing memory and attention time —
 // nothing is masked. Keys are never re-rotated.
 //
@@ -23,12 +23,38 @@ namespace kvzap {
 // Element type of cached keys and values. F16 (the default) halves the memory per token and matches
 // llama.cpp's default cache; F32 stores K and V exactly as computed (twice the bytes per token, so a
 // budget holds half as many tokens) and makes attention skip the f16 rounding of queries and
-// probabilities, so results can match an f32 reference.
-enum class KvType : uint8_t { F16 = 0, F32 = 1 };
-inline int kv_type_bytes(KvType t) { return t == KvType::F32 ? 4 : 2; }
-inline const char* kv_type_name(KvType t) { return t == KvType::F32 ? "f32" : "f16"; }
-// "f16" or "f32"; throws kvzap::Error on anything else.
+// probabilities, so results can match an f32 reference. Q8_0 and Q4_0 quantise each row (one token of
+// one KV head, head_dim elements, head_dim a multiple of 32) in ggml's block layout: blocks of 32
+// elements with an f16 scale (Q8_0: 34 bytes per 32, int8 quants; Q4_0: 18 bytes per 32, 4-bit quants
+// with an offset of 8), so a row's scales live with it in its page and eviction still moves whole rows.
+enum class KvType : uint8_t { F16 = 0, F32 = 1, Q8_0 = 2, Q4_0 = 3 };
+inline bool kv_type_quantized(KvType t) { return t == KvType::Q8_0 || t == KvType::Q4_0; }
+// Bytes of one stored row of head_dim elements (quantised types: head_dim / 32 blocks).
+inline size_t kv_row_bytes(KvType t, int head_dim) {
+  switch (t) {
+    case KvType::F32: return (size_t)head_dim * 4;
+    case KvType::Q8_0: return (size_t)head_dim / 32 * 34;
+    case KvType::Q4_0: return (size_t)head_dim / 32 * 18;
+    default: return (size_t)head_dim * 2;
+  }
+}
+inline const char* kv_type_name(KvType t) {
+  switch (t) {
+    case KvType::F32: return "f32";
+    case KvType::Q8_0: return "q8_0";
+    case KvType::Q4_0: return "q4_0";
+    default: return "f16";
+  }
+}
+// The last valid KvType value (cache files check the recorded type against it).
+constexpr KvType kKvTypeLast = KvType::Q4_0;
+// "f16", "f32", "q8_0" or "q4_0"; throws kvzap::Error on anything else.
 KvType parse_kv_type(const std::string& name);
+// One row of a quantised type (Q8_0 or Q4_0; head_dim a multiple of 32): x [head_dim] f32 to
+// head_dim / 32 ggml blocks in dst (kv_row_bytes(type, head_dim) bytes), and back (q * scale in f32:
+// the reference every attention kernel dequantises like, bit for bit).
+void kv_quantize_row(KvType type, const float* x, void* dst, int head_dim);
+void kv_dequantize_row(KvType type, const void* src, float* out, int head_dim);
 
 class KvCache {
  public:
@@ -39,7 +65,9 @@ class KvCache {
   // type)); null = a private pool without a budget.
   KvCache(int n_layer, int n_head_kv, int head_dim, PagePool* pool = nullptr, KvType type = KvType::F16);
   ~KvCache();
-  // Bytes of one page: keys [P][D] | values [P][D] (f16 or f32) | positions [P] i32.
+  // Bytes of one page: keys [P][row] | values [P][row] | positions [P] i32, row = kv_row_bytes(type, D)
+  // (f16/f32: D elements; q8_0/q4_0: D/32 ggml blocks). Throws kvzap::Error for a quantised type when
+  // D is not a multiple of 32.
   static int64_t page_bytes_for(int head_dim, KvType type = KvType::F16);
   PagePool& pool() { return *pool_; }
   const PagePool& pool() const { return *pool_; }
@@ -56,10 +84,11 @@ class KvCache {
   int n_head_kv() const { return n_head_kv_; }
   int head_dim() const { return head_dim_; }
   KvType kv_type() const { return type_; }
-  // Bytes of one stored key (= value) row: head_dim * kv_type_bytes(kv_type()).
+  // Bytes of one stored key (= value) row: kv_row_bytes(kv_type(), head_dim).
   size_t row_bytes() const { return row_bytes_; }
 
-  // Appends one entry to stream (layer, head); k and v are [head_dim] f32, stored in kv_type().
+  // Appends one entry to stream (layer, head); k and v are [head_dim] f32, stored in kv_type()
+  // (rounded to f16, or quantised row by row for q8_0/q4_0).
   // Throws KvBudgetExceeded if the pool's budget has no page left.
   void append(int layer, int head, const float* k, const float* v, int32_t pos);
   // The same with keys and values already in the cache's element type, row_bytes() each (restoring a
@@ -81,7 +110,8 @@ class KvCache {
   const float* page_values_f32(int layer, int head, int p) const;   // F32 caches
   const int32_t* page_positions(int layer, int head, int p) const;
   // Entry i of a stream (slow path for scorers and tests): typed views as above, and key_row/value_row,
-  // which convert entry i of either type to f32 out[head_dim] (exact: f16 -> f32 loses nothing).
+  // which convert entry i of any type to f32 out[head_dim] (exact: f16 -> f32 loses nothing; q8_0/q4_0
+  // rows are dequantised, q * scale in f32, as attention reads them).
   const uint16_t* key_at(int layer, int head, int64_t i) const;    // F16 caches
   const uint16_t* value_at(int layer, int head, int64_t i) const;  // F16 caches
   const float* key_at_f32(int layer, int head, int64_t i) const;   // F32 caches
@@ -162,6 +192,7 @@ class KvCache {
   int32_t* positions_of(uint8_t* page) const { return (int32_t*)(page + 2 * kv_page_half_); }
   void require(KvType t) const;  // throws "internal: ..." when the cache holds the other type
   void row_to_f32(const uint8_t* src, float* out) const;
+  void store_row(const float* x, uint8_t* dst) const;  // x [head_dim] f32 to one row of kv_type()
 
   int n_layer_, n_head_kv_, head_dim_;
   KvType type_;

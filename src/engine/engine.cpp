@@ -75,7 +75,7 @@ int Engine::n_threads() const { return threads_->size(); }
 
 int64_t Engine::kv_bytes_per_token() const {
   const ModelConfig& c = model_.config();
-  return (int64_t)c.n_layer * c.n_head_kv * 2 * c.head_dim * kv_type_bytes(kv_type_);
+  return (int64_t)c.n_layer * c.n_head_kv * 2 * (int64_t)kv_row_bytes(kv_type_, c.head_dim);
 }
 
 int64_t Engine::kv_budget_tokens() const {

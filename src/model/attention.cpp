@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "common/fp16.h"
 #include "kernels/fast_exp.h"
 #include "kernels/isa_dispatch.h"
 #include "kernels/matmul.h"
+#include "kernels/quant_blocks.h"
 
 namespace kvzap {
 
@@ -40,6 +42,51 @@ KVZAP_INLINE_BODY void page_keys_transposed_f32_body(const float* src, float* ds
     for (int i = 0; i < d; i++) dst[i * P + j] = j < nj ? src[j * d + i] : 0.0f;
 }
 KVZAP_ISA_DISPATCH(void, page_keys_transposed_f32, (const float* src, float* dst, int64_t nj, int d), (src, dst, nj, d))
+
+// Quantised pages (KvType::Q8_0 / Q4_0): rows of d / 32 ggml blocks, element y = q * scale in f32 (the
+// rounding of kv_dequantize_row). Keys are dequantised straight into the transposed [D][P] layout,
+// values into [nj][D]; rows past nj are never read.
+template <class B>
+KVZAP_INLINE_BODY void dequant_block_body(const B& blk, float* y, int stride) {
+  const float s = kernels::h2f(blk.d);
+  if constexpr (std::is_same_v<B, kernels::BlockQ8_0>) {
+    for (int i = 0; i < kernels::kQK; i++) y[i * stride] = (float)blk.qs[i] * s;
+  } else {
+    for (int i = 0; i < kernels::kQK / 2; i++) {
+      y[i * stride] = (float)((blk.qs[i] & 15) - 8) * s;
+      y[(i + 16) * stride] = (float)((blk.qs[i] >> 4) - 8) * s;
+    }
+  }
+}
+template <class B>
+KVZAP_INLINE_BODY void page_keys_transposed_q_body(const B* src, float* dst, int64_t nj, int d) {
+  constexpr int P = KvCache::kPageTokens;
+  const int nb = d / kernels::kQK;
+  for (int64_t j = 0; j < P; j++) {
+    if (j >= nj) {
+      for (int i = 0; i < d; i++) dst[i * P + j] = 0.0f;
+      continue;
+    }
+    for (int b = 0; b < nb; b++) dequant_block_body(src[j * nb + b], dst + (int64_t)b * kernels::kQK * P + j, P);
+  }
+}
+template <class B>
+KVZAP_INLINE_BODY void page_to_f32_q_body(const B* src, float* dst, int64_t nj, int d) {
+  const int64_t nb = nj * (d / kernels::kQK);
+  for (int64_t b = 0; b < nb; b++) dequant_block_body(src[b], dst + b * kernels::kQK, 1);
+}
+#define page_keys_transposed_q8_0_body page_keys_transposed_q_body<kernels::BlockQ8_0>
+#define page_keys_transposed_q4_0_body page_keys_transposed_q_body<kernels::BlockQ4_0>
+#define page_to_f32_q8_0_body page_to_f32_q_body<kernels::BlockQ8_0>
+#define page_to_f32_q4_0_body page_to_f32_q_body<kernels::BlockQ4_0>
+KVZAP_ISA_DISPATCH(void, page_keys_transposed_q8_0, (const kernels::BlockQ8_0* src, float* dst, int64_t nj, int d), (src, dst, nj, d))
+KVZAP_ISA_DISPATCH(void, page_keys_transposed_q4_0, (const kernels::BlockQ4_0* src, float* dst, int64_t nj, int d), (src, dst, nj, d))
+KVZAP_ISA_DISPATCH(void, page_to_f32_q8_0, (const kernels::BlockQ8_0* src, float* dst, int64_t nj, int d), (src, dst, nj, d))
+KVZAP_ISA_DISPATCH(void, page_to_f32_q4_0, (const kernels::BlockQ4_0* src, float* dst, int64_t nj, int d), (src, dst, nj, d))
+#undef page_keys_transposed_q8_0_body
+#undef page_keys_transposed_q4_0_body
+#undef page_to_f32_q8_0_body
+#undef page_to_f32_q4_0_body
 
 KVZAP_INLINE_BODY void scores_page_body(const float* q, int64_t q_stride, int rows, const int64_t* visible, const float* kt,
                  int64_t j0, int64_t nj, int d, float* scores, int64_t s_stride) {
@@ -147,6 +194,17 @@ void attention_scores_page(const float* q, int64_t q_stride, int rows, const int
                            int64_t j0, int64_t nj, int d, float* scores, int64_t s_stride);
 void attention_accumulate_page(const float* probs, int64_t s_stride, int rows, const int64_t* visible,
                                const float* values, int64_t j0, int64_t nj, int d, float* out, int64_t out_stride);
+// The same over q8_0 / q4_0 pages (rows of d / 32 blocks).
+void attention_scores_page(const float* q, int64_t q_stride, int rows, const int64_t* visible,
+                           const kernels::BlockQ8_0* keys, int64_t j0, int64_t nj, int d, float* scores, int64_t s_stride);
+void attention_accumulate_page(const float* probs, int64_t s_stride, int rows, const int64_t* visible,
+                               const kernels::BlockQ8_0* values, int64_t j0, int64_t nj, int d, float* out,
+                               int64_t out_stride);
+void attention_scores_page(const float* q, int64_t q_stride, int rows, const int64_t* visible,
+                           const kernels::BlockQ4_0* keys, int64_t j0, int64_t nj, int d, float* scores, int64_t s_stride);
+void attention_accumulate_page(const float* probs, int64_t s_stride, int rows, const int64_t* visible,
+                               const kernels::BlockQ4_0* values, int64_t j0, int64_t nj, int d, float* out,
+                               int64_t out_stride);
 }  // namespace avx512
 
 AttentionExtent attention_extent(const AttentionBlock& b) {
@@ -171,7 +229,7 @@ void attend_scores(const AttentionBlock& b, const KvCache& cache, int layer, int
   const int d = cache.head_dim();
   const int P = KvCache::kPageTokens;
   const bool fast = use_avx512() && d % 16 == 0 && d <= 256;
-  const bool f32 = cache.kv_type() == KvType::F32;
+  const KvType type = cache.kv_type();
   const size_t half_bytes = (size_t)P * cache.row_bytes();  // the keys of one page
   for (int p = page_begin; p < std::min(page_end, page_begin + kPrefetchPages); p++)
     prefetch_to_l2(cache.page_keys_raw(layer, head, p), half_bytes);
@@ -181,12 +239,20 @@ void attend_scores(const AttentionBlock& b, const KvCache& cache, int layer, int
     const int64_t nj = std::min<int64_t>(P, e.s_stride - j0);
     const void* keys = cache.page_keys_raw(layer, head, p);
     if (fast) {
-      if (f32) avx512::attention_scores_page(b.q, b.q_stride, b.rows, b.visible, (const float*)keys, j0, nj, d, scores, e.s_stride);
-      else avx512::attention_scores_page(b.q, b.q_stride, b.rows, b.visible, (const uint16_t*)keys, j0, nj, d, scores, e.s_stride);
+      switch (type) {
+        case KvType::F32: avx512::attention_scores_page(b.q, b.q_stride, b.rows, b.visible, (const float*)keys, j0, nj, d, scores, e.s_stride); break;
+        case KvType::Q8_0: avx512::attention_scores_page(b.q, b.q_stride, b.rows, b.visible, (const kernels::BlockQ8_0*)keys, j0, nj, d, scores, e.s_stride); break;
+        case KvType::Q4_0: avx512::attention_scores_page(b.q, b.q_stride, b.rows, b.visible, (const kernels::BlockQ4_0*)keys, j0, nj, d, scores, e.s_stride); break;
+        default: avx512::attention_scores_page(b.q, b.q_stride, b.rows, b.visible, (const uint16_t*)keys, j0, nj, d, scores, e.s_stride); break;
+      }
       continue;
     }
-    if (f32) page_keys_transposed_f32((const float*)keys, page_f32, nj, d);
-    else page_keys_transposed((const uint16_t*)keys, page_f32, nj, d);
+    switch (type) {
+      case KvType::F32: page_keys_transposed_f32((const float*)keys, page_f32, nj, d); break;
+      case KvType::Q8_0: page_keys_transposed_q8_0((const kernels::BlockQ8_0*)keys, page_f32, nj, d); break;
+      case KvType::Q4_0: page_keys_transposed_q4_0((const kernels::BlockQ4_0*)keys, page_f32, nj, d); break;
+      default: page_keys_transposed((const uint16_t*)keys, page_f32, nj, d); break;
+    }
     scores_page(b.q, b.q_stride, b.rows, b.visible, page_f32, j0, nj, d, scores, e.s_stride);
   }
 }
@@ -205,7 +271,7 @@ void attend_values(const AttentionBlock& b, const KvCache& cache, int layer, int
   const int d = cache.head_dim();
   const int P = KvCache::kPageTokens;
   const bool fast = use_avx512() && d % 16 == 0 && d <= 256;
-  const bool f32 = cache.kv_type() == KvType::F32;
+  const KvType type = cache.kv_type();
   const size_t half_bytes = (size_t)P * cache.row_bytes();  // the values of one page
   const int page_begin = std::max(e.p0, chunk_begin * kAttentionChunkPages);
   const int page_end = std::min(e.n_pages, chunk_end * kAttentionChunkPages);
@@ -223,17 +289,21 @@ void attend_values(const AttentionBlock& b, const KvCache& cache, int layer, int
       const int64_t nj = std::min<int64_t>(P, e.s_stride - j0);
       const void* values = cache.page_values_raw(layer, head, p);
       if (fast) {
-        if (f32)
-          avx512::attention_accumulate_page(probs, e.s_stride, b.rows, b.visible, (const float*)values, j0, nj, d, out, d);
-        else
-          avx512::attention_accumulate_page(probs, e.s_stride, b.rows, b.visible, (const uint16_t*)values, j0, nj, d, out, d);
+        switch (type) {
+          case KvType::F32: avx512::attention_accumulate_page(probs, e.s_stride, b.rows, b.visible, (const float*)values, j0, nj, d, out, d); break;
+          case KvType::Q8_0: avx512::attention_accumulate_page(probs, e.s_stride, b.rows, b.visible, (const kernels::BlockQ8_0*)values, j0, nj, d, out, d); break;
+          case KvType::Q4_0: avx512::attention_accumulate_page(probs, e.s_stride, b.rows, b.visible, (const kernels::BlockQ4_0*)values, j0, nj, d, out, d); break;
+          default: avx512::attention_accumulate_page(probs, e.s_stride, b.rows, b.visible, (const uint16_t*)values, j0, nj, d, out, d); break;
+        }
         continue;
       }
-      // f32 pages are read in place; f16 ones are converted once per page for all rows.
-      const float* vf = (const float*)values;
-      if (!f32) {
-        page_to_f32((const uint16_t*)values, page_f32, nj * d);
-        vf = page_f32;
+      // f32 pages are read in place; f16 and quantised ones are converted once per page for all rows.
+      const float* vf = page_f32;
+      switch (type) {
+        case KvType::F32: vf = (const float*)values; break;
+        case KvType::Q8_0: page_to_f32_q8_0((const kernels::BlockQ8_0*)values, page_f32, nj, d); break;
+        case KvType::Q4_0: page_to_f32_q4_0((const kernels::BlockQ4_0*)values, page_f32, nj, d); break;
+        default: page_to_f32((const uint16_t*)values, page_f32, nj * d); break;
       }
       accumulate_page(probs, e.s_stride, b.rows, b.visible, vf, j0, nj, d, out, d);
     }
@@ -274,7 +344,7 @@ void attend(const AttentionBlock& b, const KvCache& cache, int layer, int head, 
 
 void attend_reference(const AttentionBlock& b, const KvCache& cache, int layer, int head) {
   const int d = cache.head_dim();
-  std::vector<float> k((size_t)d), v((size_t)d);  // one entry in f32 (exact for either element type)
+  std::vector<float> k((size_t)d), v((size_t)d);  // one entry in f32 (exact for f16/f32; q8_0/q4_0 dequantised)
   for (int r = 0; r < b.rows; r++) {
     const int64_t n = b.visible[r], f = b.first ? b.first[r] : 0;
     std::vector<double> s((size_t)n, 0.0);

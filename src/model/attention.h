@@ -1,4 +1,4 @@
-// Causal attention of a block of query rows over one KV head's kept entries (paged f16 or f32 storage,
+// Causal attention of a block of query rows over one KV head's kept entries (paged f16, f32, q8_0 or q4_0 storage,
 // KvCache::kv_type()).
 #pragma once
 #include <cstdint>

@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
+
+#include "kernels/quant_blocks.h"
 
 namespace kvzap::avx512 {
 
@@ -31,6 +34,35 @@ inline __m512 reduce16(const __m512* a) {
 inline __m512 load16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 
+inline __m512 block_scale(uint16_t d) { return _mm512_set1_ps(_cvtsh_ss(d)); }
+
+// The first n_rows rows of a page as f32 dst [n_rows][16 * nc] (dst 64-byte aligned).
+template <class T>
+inline void rows_to_f32(const T* src, float* dst, int n_rows, int nc) {
+  for (int i = 0; i < n_rows * nc; i++) _mm512_store_ps(dst + 16 * i, load16(src + 16 * i));
+}
+// q8_0 rows: nc / 2 blocks of 32 per row, the rows' blocks consecutive; y = q * d.
+inline void rows_to_f32(const kernels::BlockQ8_0* src, float* dst, int n_rows, int nc) {
+  for (int b = 0; b < n_rows * nc / 2; b++, dst += 32) {
+    const __m512 d = block_scale(src[b].d);
+    const __m128i lo = _mm_loadu_si128((const __m128i*)src[b].qs), hi = _mm_loadu_si128((const __m128i*)(src[b].qs + 16));
+    _mm512_store_ps(dst, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d));
+    _mm512_store_ps(dst + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d));
+  }
+}
+// q4_0 rows: element j of a block is (qs[j] & 15) - 8, element j + 16 is (qs[j] >> 4) - 8; y = q * d.
+inline void rows_to_f32(const kernels::BlockQ4_0* src, float* dst, int n_rows, int nc) {
+  const __m512i mask = _mm512_set1_epi32(15), eight = _mm512_set1_epi32(8);
+  for (int b = 0; b < n_rows * nc / 2; b++, dst += 32) {
+    const __m512 d = block_scale(src[b].d);
+    const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)src[b].qs));
+    const __m512i lo = _mm512_sub_epi32(_mm512_and_si512(w, mask), eight);
+    const __m512i hi = _mm512_sub_epi32(_mm512_srli_epi32(w, 4), eight);
+    _mm512_store_ps(dst, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d));
+    _mm512_store_ps(dst + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d));
+  }
+}
+
 // scores[r][j0 + j] = q_r . k_j for the visible keys of one page (head_dim = 16 * nc, nc <= 16).
 // Every score goes through the same 16-lane reduction whatever the page's fill and the other rows of
 // the block, so a row's result does not depend on which rows share its block (batched = alone).
@@ -45,8 +77,7 @@ void scores_page(const float* q, int64_t q_stride, int rows, const int64_t* visi
   const int nc = NC > 0 ? NC : d / 16;
   // Convert the page's keys once (unfilled slots are zeros, never read from the page).
   alignas(64) float kf[16 * 256];
-  for (int i = 0; i < (int)nj * nc; i++)
-    _mm512_store_ps(kf + 16 * i, load16(keys + 16 * i));
+  rows_to_f32(keys, kf, (int)nj, nc);
   for (int i = (int)nj * nc; i < 16 * nc; i++) _mm512_store_ps(kf + 16 * i, _mm512_setzero_ps());
   constexpr int kGroup = NC > 0 && NC < 8 ? NC : 8;  // query chunks held in registers at a time
   for (int r = 0; r < rows; r++) {
@@ -82,13 +113,13 @@ template <int NC, class T>
 void accumulate_page(const float* probs, int64_t s_stride, int rows, const int64_t* visible, const T* values,
                      int64_t j0, int64_t nj, int d, float* out, int64_t out_stride) {
   const int nc = NC > 0 ? NC : d / 16;
-  // Convert f16 values once for all rows (a KV head's query heads share them); f32 ones are read in place.
+  // Convert f16 / quantised values once for all rows (a KV head's query heads share them); f32 ones are
+  // read in place.
   alignas(64) float vf[std::is_same_v<T, float> ? 1 : 16 * 256];
   if constexpr (!std::is_same_v<T, float>) {
     int64_t jmax_all = 0;
     for (int r = 0; r < rows; r++) jmax_all = std::max<int64_t>(jmax_all, std::min<int64_t>(nj, visible[r] - j0));
-    for (int i = 0; i < (int)jmax_all * nc; i++)
-      _mm512_store_ps(vf + 16 * i, load16(values + 16 * i));
+    rows_to_f32(values, vf, (int)jmax_all, nc);
   }
   for (int r = 0; r < rows; r++) {
     const int64_t jmax = std::min<int64_t>(nj, visible[r] - j0);
@@ -136,6 +167,22 @@ void attention_accumulate_page(const float* probs, int64_t s_stride, int rows, c
 }
 void attention_accumulate_page(const float* probs, int64_t s_stride, int rows, const int64_t* visible,
                                const float* values, int64_t j0, int64_t nj, int d, float* out, int64_t out_stride) {
+  KVZAP_BY_HEAD_DIM(accumulate_page, probs, s_stride, rows, visible, values, j0, nj, d, out, out_stride)
+}
+void attention_scores_page(const float* q, int64_t q_stride, int rows, const int64_t* visible, const kernels::BlockQ8_0* keys,
+                           int64_t j0, int64_t nj, int d, float* scores, int64_t s_stride) {
+  KVZAP_BY_HEAD_DIM(scores_page, q, q_stride, rows, visible, keys, j0, nj, d, scores, s_stride)
+}
+void attention_accumulate_page(const float* probs, int64_t s_stride, int rows, const int64_t* visible,
+                               const kernels::BlockQ8_0* values, int64_t j0, int64_t nj, int d, float* out, int64_t out_stride) {
+  KVZAP_BY_HEAD_DIM(accumulate_page, probs, s_stride, rows, visible, values, j0, nj, d, out, out_stride)
+}
+void attention_scores_page(const float* q, int64_t q_stride, int rows, const int64_t* visible, const kernels::BlockQ4_0* keys,
+                           int64_t j0, int64_t nj, int d, float* scores, int64_t s_stride) {
+  KVZAP_BY_HEAD_DIM(scores_page, q, q_stride, rows, visible, keys, j0, nj, d, scores, s_stride)
+}
+void attention_accumulate_page(const float* probs, int64_t s_stride, int rows, const int64_t* visible,
+                               const kernels::BlockQ4_0* values, int64_t j0, int64_t nj, int d, float* out, int64_t out_stride) {
   KVZAP_BY_HEAD_DIM(accumulate_page, probs, s_stride, rows, visible, values, j0, nj, d, out, out_stride)
 }
 

@@ -44,12 +44,16 @@ void stream_rows(const KvCache& cache, int layer, int head, std::vector<float>& 
   const int D = cache.head_dim();
   const int64_t len = cache.length(layer, head);
   out.resize((size_t)(len * D));
-  const bool f32 = cache.kv_type() == KvType::F32;
+  const KvType type = cache.kv_type();
+  const bool f32 = type == KvType::F32;
   int64_t i = 0;
   for (int p = 0; p < cache.n_pages(layer, head) && i < len; p++) {
     const void* src = kKeys ? cache.page_keys_raw(layer, head, p) : cache.page_values_raw(layer, head, p);
     const int64_t m = std::min<int64_t>(KvCache::kPageTokens, len - i);
-    if (f32) {
+    if (kv_type_quantized(type)) {  // row by row, as key_row / value_row dequantise
+      for (int64_t e = 0; e < m; e++)
+        kv_dequantize_row(type, (const uint8_t*)src + e * cache.row_bytes(), &out[(size_t)((i + e) * D)], D);
+    } else if (f32) {
       std::memcpy(&out[(size_t)(i * D)], src, (size_t)(m * D) * sizeof(float));
     } else {
       const uint16_t* h = (const uint16_t*)src;

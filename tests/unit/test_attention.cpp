@@ -1,5 +1,6 @@
 // The paged attention kernel against a double-precision scalar reference, over ragged causal rows, for
-// f16 and f32 pages.
+// f16, f32, q8_0 and q4_0 pages (the reference reads quantised rows through key_row / value_row, which
+// dequantise them: the kernels must compute attention over exactly those values).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -93,6 +94,28 @@ TEST(Attention, F32PagesAreExactWhereF16PagesRound) {
   EXPECT_GT(e16, 10 * e32);
 }
 
+TEST(Attention, QuantisedPagesMatchReference) {
+  for (KvType type : {KvType::Q8_0, KvType::Q4_0}) {
+    SCOPED_TRACE(kv_type_name(type));
+    check_attention(64, 200, 9, false, type);
+    check_attention(128, 37, 5, false, type);   // a partly filled last page
+    check_attention(64, 1, 1, false, type);
+    check_attention(256, 300, 7, false, type);  // two groups of 8 chunks
+    check_attention(96, 70, 4, false, type);    // 6 chunks (NC = 0 in the AVX-512 kernels)
+    check_attention(32, 40, 3, false, type);    // one block per row
+  }
+}
+
+// A quantised cache approximates an f32 computation from the unquantised inputs: q8_0 within ~1e-2 on
+// unit-normal data, q4_0 far coarser, f16 closer than either.
+TEST(Attention, QuantisedPagesApproximateTheUnquantisedInputs) {
+  const double e16 = f32_cache_error(KvType::F16), e8 = f32_cache_error(KvType::Q8_0), e4 = f32_cache_error(KvType::Q4_0);
+  EXPECT_LT(e8, 2e-2);
+  EXPECT_LT(e4, 4e-1);  // measured 0.26
+  EXPECT_GT(e8, e16);
+  EXPECT_GT(e4, e8);
+}
+
 TEST(Attention, EveryIsaMatchesTheReference) {
   // The AVX-512 kernels and the portable path, chosen by the one ISA switch the matmuls use.
   const Isa before = active_isa();
@@ -108,6 +131,13 @@ TEST(Attention, EveryIsaMatchesTheReference) {
     check_attention(256, 300, 7);
     check_attention(256, 200, 5, false, KvType::F32);
     EXPECT_LT(f32_cache_error(KvType::F32), 2e-6);
+    for (KvType type : {KvType::Q8_0, KvType::Q4_0}) {
+      SCOPED_TRACE(kv_type_name(type));
+      check_attention(64, 200, 9, false, type);
+      check_attention(128, 37, 5, false, type);
+      check_attention(256, 300, 7, false, type);
+      check_attention(96, 70, 4, false, type);
+    }
   }
   set_active_isa(before);
 }
@@ -139,6 +169,10 @@ void check_eviction(KvType type) {
 
 TEST(Attention, AfterEvictionSeesOnlyKeptEntries) { check_eviction(KvType::F16); }
 TEST(Attention, AfterEvictionSeesOnlyKeptEntriesF32) { check_eviction(KvType::F32); }
+TEST(Attention, AfterEvictionSeesOnlyKeptEntriesQuantised) {
+  check_eviction(KvType::Q8_0);
+  check_eviction(KvType::Q4_0);
+}
 
 // attend() and its pieces run over any split of the pages and chunks (what Forward does on several
 // threads) give the same bits: the values are summed per chunk from zero and the chunks in order.
@@ -192,7 +226,7 @@ TEST(Attention, PiecesOverAnySplitGiveTheSameBitsAsOneCall) {
   for (Isa isa : test::available_isas()) {
     set_active_isa(isa);
     SCOPED_TRACE(isa_name(isa));
-    for (KvType type : {KvType::F16, KvType::F32})
+    for (KvType type : {KvType::F16, KvType::F32, KvType::Q8_0, KvType::Q4_0})
       for (bool sliding : {false, true}) {
         SCOPED_TRACE(std::string(kv_type_name(type)) + (sliding ? " sliding" : ""));
         check_pieces_match_attend(type, 64, sliding);

@@ -120,6 +120,11 @@ TEST_F(EngineTest, BatchedStepsGiveWhatEachSequenceGetsAlone) { batched_equals_a
 // The same with f32 caches (--kv-type f32), presses included (KVzap-MLP while decoding, KNorm).
 TEST_F(EngineTest, BatchedStepsGiveWhatEachSequenceGetsAloneF32) { batched_equals_alone(KvType::F32); }
 
+// The same with quantised caches (--kv-type q8_0 / q4_0): rows are quantised alone, so batching
+// cannot change them.
+TEST_F(EngineTest, BatchedStepsGiveWhatEachSequenceGetsAloneQ8_0) { batched_equals_alone(KvType::Q8_0); }
+TEST_F(EngineTest, BatchedStepsGiveWhatEachSequenceGetsAloneQ4_0) { batched_equals_alone(KvType::Q4_0); }
+
 void EngineTest::batched_equals_alone(KvType type) {
   auto options = [&](int64_t n_batch) { return EngineTest::options(n_batch, 0, type); };
   constexpr int kSeqs = 8, kDecode = 12;
@@ -349,13 +354,14 @@ TEST_F(EngineTest, BudgetRefusesTheSequenceThatDoesNotFitAndAccountingReturnsToZ
 }
 
 TEST_F(EngineTest, DecodeStepsAllocateNothingAfterWarmUp) {
-  for (int kind : {0, 1}) {
-    Engine engine(*model_, options(256));
+  // kind 0: no press, 1: KVzap-MLP while decoding, 2: no press over a q8_0 cache (quantising on append).
+  for (int kind : {0, 1, 2}) {
+    Engine engine(*model_, options(256, 0, kind == 2 ? KvType::Q8_0 : KvType::F16));
     std::vector<std::unique_ptr<Sequence>> seqs;
     std::vector<std::vector<int32_t>> prompts;
     for (int s = 0; s < 4; s++) {
       seqs.push_back(engine.new_sequence());
-      seqs[s]->set_press(make(kind));
+      seqs[s]->set_press(make(kind == 1 ? 1 : 0));
       prompts.push_back(prompt(s, 100 + 20 * s));
       seqs[s]->begin_context();
       engine.feed(*seqs[s], prompts[s].data(), (int64_t)prompts[s].size());
@@ -382,7 +388,7 @@ TEST_F(EngineTest, DecodeStepsAllocateNothingAfterWarmUp) {
     g_count_allocs = true;
     decode(32);
     g_count_allocs = false;
-    EXPECT_EQ(g_allocs.load(), 0) << (kind ? "kvzap-mlp decoding press" : "no press");
+    EXPECT_EQ(g_allocs.load(), 0) << (kind == 1 ? "kvzap-mlp decoding press" : kind == 2 ? "q8_0 cache" : "no press");
   }
 }
 

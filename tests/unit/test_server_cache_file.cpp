@@ -171,6 +171,25 @@ TEST_F(CacheFile, RoundTripIsExactF32) {
   EXPECT_EQ(read(path("f.kvc")).size() - read(path("h.kvc")).size(), (size_t)(entries * 2 * c.head_dim * 2));
 }
 
+// q8_0 / q4_0 caches (one row = head_dim / 32 ggml blocks): the quantised rows and their scales come
+// back byte for byte, the files hold the quantised row sizes, and a file of another type is refused.
+TEST_F(CacheFile, RoundTripIsExactQuantised) {
+  expect_round_trip(KvType::Q8_0);
+  expect_round_trip(KvType::Q4_0);
+  save_cache_file(path("h.kvc"), *model_, *make_cache(37, KvType::F16), meta(37));
+  save_cache_file(path("q8.kvc"), *model_, *make_cache(37, KvType::Q8_0), meta(37));
+  save_cache_file(path("q4.kvc"), *model_, *make_cache(37, KvType::Q4_0), meta(37));
+  const ModelConfig& c = model_->config();
+  const int64_t entries = make_cache(37)->entries_kept();
+  const size_t f16_row = (size_t)c.head_dim * 2, q8_row = (size_t)c.head_dim / 32 * 34, q4_row = (size_t)c.head_dim / 32 * 18;
+  EXPECT_EQ(read(path("h.kvc")).size() - read(path("q8.kvc")).size(), (size_t)entries * 2 * (f16_row - q8_row));
+  EXPECT_EQ(read(path("h.kvc")).size() - read(path("q4.kvc")).size(), (size_t)entries * 2 * (f16_row - q4_row));
+  expect_refused(path("q8.kvc"), "holds q8_0 keys and values, but this run uses f16 (rerun with --kv-type q8_0)", KvType::F16);
+  expect_refused(path("q8.kvc"), "holds q8_0 keys and values, but this run uses q4_0 (rerun with --kv-type q8_0)", KvType::Q4_0);
+  expect_refused(path("q4.kvc"), "holds q4_0 keys and values, but this run uses q8_0 (rerun with --kv-type q4_0)", KvType::Q8_0);
+  expect_refused(path("h.kvc"), "holds f16 keys and values, but this run uses q8_0 (rerun with --kv-type f16)", KvType::Q8_0);
+}
+
 // A file of the other KV type is refused with a one-line error that names both types and the fix
 // (no silent conversion), and leaves the cache empty.
 TEST_F(CacheFile, OtherKvTypeIsRefused) {
