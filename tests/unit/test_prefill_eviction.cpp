@@ -72,18 +72,22 @@ class PrefillEviction : public ::testing::Test {
     return o;
   }
 
+  static EngineOptions engine_options() {
+    EngineOptions eo;
+    eo.n_threads = 2;
+    eo.n_ctx = 1024;
+    eo.n_batch = 512;
+    eo.kv_budget_bytes = (int64_t)1 << 30;
+    return eo;
+  }
+
   struct Result {
     KeptSet kept;
     int64_t peak_pages = 0;
   };
   // Prefills `ids` as one context in steps of the given sizes (cycled), as the server or CLI would.
   static Result run(const PressOptions& opt, const std::vector<int32_t>& ids, const std::vector<int64_t>& chunks) {
-    EngineOptions eo;
-    eo.n_threads = 2;
-    eo.n_ctx = 1024;
-    eo.n_batch = 512;
-    eo.kv_budget_bytes = (int64_t)1 << 30;
-    Engine engine(*model_, eo);
+    Engine engine(*model_, engine_options());
     auto seq = engine.new_sequence();
     seq->set_press(make_press(opt, *model_));
     seq->begin_context();
@@ -164,12 +168,7 @@ TEST_F(PrefillEviction, KeptSetDoesNotDependOnChunkingAndMatchesOneJudgmentWhere
 TEST_F(PrefillEviction, StreamsHoldKeptPlusWindowPlusOneInterval) {
   const std::vector<int32_t> ids = prompt(500);
   const PressOptions opt = options("random", 64);
-  EngineOptions eo;
-  eo.n_threads = 2;
-  eo.n_ctx = 1024;
-  eo.n_batch = 512;
-  eo.kv_budget_bytes = (int64_t)1 << 30;
-  Engine engine(*model_, eo);
+  Engine engine(*model_, engine_options());
   auto seq = engine.new_sequence();
   seq->set_press(make_press(opt, *model_));
   seq->begin_context();
