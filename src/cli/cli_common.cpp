@@ -44,49 +44,41 @@ SessionOptions ModelArgs::session_options() const {
 }
 
 void PressArgs::add_to(CLI::App& sub, bool with_surrogate) {
-  sub.add_option("--press", name, "KV-cache press (see `kvzap presses`)");
-  threshold_opt = sub.add_option("--threshold", threshold, "evict pairs scoring below T (per-token presses)");
-  ratio_opt = sub.add_option("--ratio", ratio, "evict this fraction of the context's KV pairs")->check(CLI::Range(0.0, 1.0));
-  sub.add_option("--ratio-scope", scope, "ratio budget: global (across layers and heads), layer, head, or adakv (per layer with a 20 % per-head safeguard)")
+  flags.ratio_scope = "global";
+  sub.add_option("--press", flags.name, "KV-cache press (see `kvzap presses`)");
+  threshold_opt = sub.add_option("--threshold", flags.threshold, "evict pairs scoring below T (per-token presses)");
+  ratio_opt = sub.add_option("--ratio", flags.ratio, "evict this fraction of the context's KV pairs")->check(CLI::Range(0.0, 1.0));
+  sub.add_option("--ratio-scope", flags.ratio_scope,
+                 "ratio budget: global (across layers and heads), layer, head, or adakv (per layer with a 20 % per-head safeguard)")
       ->check(CLI::IsMember({"global", "layer", "head", "adakv"}));
-  sub.add_option("--window", window, "threshold presses never judge the most recent W tokens")->check(CLI::Range(0, 1 << 20));
-  sub.add_option("--sink-tokens", sink_tokens, "threshold presses never evict the first N positions (attention sinks; default 0, as kvpress)")
+  sub.add_option("--window", flags.window, "threshold presses never judge the most recent W tokens")->check(CLI::Range(0, 1 << 20));
+  sub.add_option("--sink-tokens", flags.sink_tokens,
+                 "threshold presses never evict the first N positions (attention sinks; default 0, as kvpress)")
       ->check(CLI::Range(0, 1 << 20));
-  sub.add_option("--prefill-evict-every", prefill_evict_every,
+  sub.add_option("--prefill-evict-every", flags.prefill_evict_every,
                  "threshold presses judge a context every N positions while prefilling it, freeing memory as the prompt "
                  "goes in (later context tokens attend to the pruned cache); 0 = once the context is complete, as kvpress")
       ->check(CLI::Range(0, 1 << 20));
-  sub.add_flag("--decode-press", decoding, "keep pruning question and generated tokens (threshold presses)");
-  sub.add_flag("--press-sliding-layers", sliding_layers,
+  sub.add_flag("--decode-press", flags.decoding, "keep pruning question and generated tokens (threshold presses)");
+  sub.add_flag("--press-sliding-layers", flags.sliding_layers,
                "also prune sliding-window layers (by default presses prune only global-attention layers)");
-  if (with_surrogate) sub.add_option("--surrogate", surrogate, "KVzap surrogate folder (kvpress format)");
-  sub.add_option("--press-seed", seed, "seed of the random press");
+  if (with_surrogate) sub.add_option("--surrogate", flags.surrogate_dir, "KVzap surrogate folder (kvpress format)");
+  sub.add_option("--press-seed", flags.seed, "seed of the random press");
 }
 
 std::unique_ptr<Press> PressArgs::make(const Model& model) const {
-  const bool has_t = threshold_opt && threshold_opt->count() > 0, has_r = ratio_opt && ratio_opt->count() > 0;
-  if (name.empty()) {
-    if (has_t || has_r || decoding || !surrogate.empty()) throw Error("--threshold/--ratio/--decode-press/--surrogate need --press NAME");
+  if (flags.name.empty()) {
+    if (given_threshold() || given_ratio() || flags.decoding || !flags.surrogate_dir.empty())
+      throw Error("--threshold/--ratio/--decode-press/--surrogate need --press NAME");
     return nullptr;
   }
-  return make_press(options(), model);
+  return make_press(spec(), model);
 }
 
-PressOptions PressArgs::options() const {
-  PressOptions o;
-  o.name = name;
-  o.has_threshold = threshold_opt && threshold_opt->count() > 0;
-  o.threshold = threshold;
-  o.has_ratio = ratio_opt && ratio_opt->count() > 0;
-  o.ratio = ratio;
-  o.ratio_scope = scope;
-  o.window = window;
-  o.sink_tokens = sink_tokens;
-  o.prefill_evict_every = prefill_evict_every;
-  o.decoding = decoding;
-  o.sliding_layers = sliding_layers;
-  o.surrogate_dir = surrogate;
-  o.seed = seed;
+PressSpec PressArgs::spec() const {
+  PressSpec o = flags;
+  o.has_threshold = given_threshold();
+  o.has_ratio = given_ratio();
   return o;
 }
 

@@ -29,23 +29,18 @@ struct ModelArgs {
 
 // Press selection shared by generate, eval and friends.
 struct PressArgs {
-  std::string name;              // --press; empty = no press
-  double threshold = 0, ratio = 0;
-  std::string scope = "global";
-  int window = 128;
-  int sink_tokens = 0;
-  int prefill_evict_every = 0;
-  bool decoding = false;
-  bool sliding_layers = false;
-  std::string surrogate;
-  uint64_t seed = 42;
+  // The flags land in the PressSpec fields directly: one value type, no field copied by hand.
+  PressSpec flags;
   CLI::Option* threshold_opt = nullptr;
   CLI::Option* ratio_opt = nullptr;
 
   // with_surrogate: also --surrogate (bench uses that name for its own option).
   void add_to(CLI::App& sub, bool with_surrogate = true);
-  // The PressOptions these flags stand for (whether or not --press was given).
-  PressOptions options() const;
+  // The PressSpec these flags stand for (whether or not --press was given): flags with the policy set
+  // by which of --threshold / --ratio was given.
+  PressSpec spec() const;
+  bool given_threshold() const { return threshold_opt && threshold_opt->count() > 0; }
+  bool given_ratio() const { return ratio_opt && ratio_opt->count() > 0; }
   std::unique_ptr<Press> make(const Model& model) const;  // nullptr without --press
 };
 

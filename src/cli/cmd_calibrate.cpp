@@ -183,7 +183,7 @@ int run_calibrate(const CalibrateArgs& a) {
   }
 
   // The layers a threshold press judges: every global-attention one. Sliding-window layers (Gemma 3's
-  // local layers) keep only their window and presses leave them alone by default (PressOptions::
+  // local layers) keep only their window and presses leave them alone by default (PressSpec::
   // sliding_layers), so they are not counted: the fractions below are of the judged layers' entries.
   std::vector<int> judged_layers;
   for (int l = 0; l < c.n_layer; l++)
@@ -246,7 +246,7 @@ int run_calibrate(const CalibrateArgs& a) {
 
   // Cross-check the offline count with the real threshold press on the first text.
   for (Curve& cv : curves) {
-    PressOptions po;
+    PressSpec po;
     po.name = cv.label.substr(0, cv.label.find(' '));
     po.has_threshold = true;
     po.threshold = thr[cv.best];

@@ -24,17 +24,16 @@ struct EvalArgs {
 };
 
 // --press none (or no --press) = the full cache.
-std::optional<PressOptions> press_options(const PressArgs& a, bool scope_given) {
-  const bool has_t = a.threshold_opt && a.threshold_opt->count() > 0;
-  const bool has_r = a.ratio_opt && a.ratio_opt->count() > 0;
-  if (a.name.empty() || a.name == "none" || a.name == "no_press") {
-    if (has_t || has_r || a.decoding || !a.surrogate.empty())
+std::optional<PressSpec> press_spec(const PressArgs& a, bool scope_given) {
+  const std::string& name = a.flags.name;
+  if (name.empty() || name == "none" || name == "no_press") {
+    if (a.given_threshold() || a.given_ratio() || a.flags.decoding || !a.flags.surrogate_dir.empty())
       throw Error("--threshold/--ratio/--decode-press/--surrogate need a --press other than none");
     return std::nullopt;
   }
-  PressOptions o = a.options();  // every flag, sinks and sliding layers included
+  PressSpec o = a.spec();  // every flag, sinks and sliding layers included
   // Without --ratio-scope, split the budget as kvpress does for this press.
-  o.ratio_scope = scope_given ? a.scope : eval::kvpress_ratio_scope(a.name);
+  if (!scope_given) o.ratio_scope = eval::kvpress_ratio_scope(name);
   return o;
 }
 
@@ -49,7 +48,7 @@ void print_table(const eval::CellResult& cell) {
 
 int run_eval(EvalArgs a) {
   if (a.suite != "ruler") throw Error("unknown suite '" + a.suite + "' (available: ruler)");
-  const std::optional<PressOptions> press = press_options(a.press, a.scope_given);
+  const std::optional<PressSpec> press = press_spec(a.press, a.scope_given);
   auto model = a.m.load_model();
   if (press) make_press(*press, *model);  // fail on bad press options before generating the suite
   if (a.m.ctx == 0) a.m.ctx = eval_context_size(a.length, *model);

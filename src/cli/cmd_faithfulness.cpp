@@ -21,9 +21,9 @@ struct FaithArgs {
 };
 
 int run_faithfulness(FaithArgs a) {
-  if (a.decoding_alias) a.press.decoding = true;
-  if (a.press.name == "none" || a.press.name == "no_press") a.press.name.clear();
-  if (!a.scope_given) a.press.scope = eval::kvpress_ratio_scope(a.press.name);  // as kvpress splits it
+  if (a.decoding_alias) a.press.flags.decoding = true;
+  if (a.press.flags.name == "none" || a.press.flags.name == "no_press") a.press.flags.name.clear();
+  if (!a.scope_given) a.press.flags.ratio_scope = eval::kvpress_ratio_scope(a.press.flags.name);  // as kvpress splits it
   const std::string text = read_text_file(a.file);
   auto model = a.m.load_model();
   std::unique_ptr<Press> press = a.press.make(*model);
@@ -42,18 +42,18 @@ int run_faithfulness(FaithArgs a) {
   const eval::FaithfulnessResult r = eval::measure_faithfulness(full, pressed, press.get(), ids, a.opt, &progress);
   progress.finish();
 
-  const bool has_t = a.press.threshold_opt->count() > 0;
+  const bool has_t = a.press.given_threshold();
   const char* kind = "none";
   double setting = 0;
   if (press) {
     kind = has_t ? "threshold" : "ratio";
-    setting = has_t ? a.press.threshold : a.press.ratio;
+    setting = has_t ? a.press.flags.threshold : a.press.flags.ratio;
   }
-  nlohmann::json j{{"press", press ? a.press.name : "none"},
+  nlohmann::json j{{"press", press ? a.press.flags.name : "none"},
                    {"press_description", press ? press->name() : "full cache"},
                    {"setting_kind", kind},
                    {"setting", setting},
-                   {"decoding", a.press.decoding},
+                   {"decoding", a.press.flags.decoding},
                    {"file", a.file},
                    {"text_tokens", ids.size()},
                    {"context_tokens", a.opt.context_tokens},

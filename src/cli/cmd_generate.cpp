@@ -115,6 +115,11 @@ int run_generate(const GenerateArgs& a) {
       j["context_seconds"] = r.context_seconds;
     }
     j["press"] = press ? press->name() : "none";
+    if (press) {  // the settings as given, in the form every front end shares (press/press_spec.h)
+      const PressSpec spec = a.press.spec();
+      j["press_spec"] = press_spec_to_json(spec);
+      j["press_key"] = press_spec_key(&spec);
+    }
     j["threads"] = session.n_threads();
     j["evicted_fraction"] = r.evicted_fraction;
     j["kv_bytes"] = r.kv_bytes;

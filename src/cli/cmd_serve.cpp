@@ -10,7 +10,6 @@
 #include <thread>
 
 #include "cli/cli_common.h"
-#include "cli/press_settings.h"
 #include "engine/engine.h"
 #include "engine/model_store.h"
 #include "server/http_server.h"
@@ -135,11 +134,11 @@ int run_serve(const ServeArgs& a) {
   try {
     auto model = Model::load(model_path, a.m.load_options());
     server::ServerDefaults d;
-    d.has_press = !a.press.name.empty();
-    if (!d.has_press && (a.press.threshold_opt->count() || a.press.ratio_opt->count() || a.press.decoding))
+    d.has_press = !a.press.flags.name.empty();
+    if (!d.has_press && (a.press.given_threshold() || a.press.given_ratio() || a.press.flags.decoding))
       throw Error("--threshold/--ratio/--decode-press need --press NAME");
-    d.press = press_options_from(a.press);
-    d.prefill_evict_every = a.press.prefill_evict_every;
+    d.press = a.press.spec();
+    d.prefill_evict_every = a.press.flags.prefill_evict_every;
     if (d.press.has_ratio) d.press.prefill_evict_every = 0;  // a ratio press judges whole contexts
     if (d.has_press) make_press(d.press, *model);  // a bad default fails at start, not per request
     d.limits.n_vocab = model->config().n_vocab;
@@ -197,7 +196,7 @@ int run_serve(const ServeArgs& a) {
 RegisterCommand reg("serve", "OpenAI-compatible HTTP server (continuous batching, KV pruning as capacity)", [](CLI::App& sub) {
   auto a = std::make_shared<ServeArgs>();
   a->m.add_to(sub);
-  a->press.prefill_evict_every = 128;  // the server's default: memory freed as prompts go in (capacity)
+  a->press.flags.prefill_evict_every = 128;  // the server's default: memory freed as prompts go in (capacity)
   a->press.add_to(sub);
   sub.add_option("--host", a->host, "address to bind (default 127.0.0.1: loopback only)");
   sub.add_option("--port", a->port, "port (default 8080)")->check(CLI::Range(0, 65535));

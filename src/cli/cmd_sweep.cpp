@@ -15,11 +15,16 @@ struct SweepArgs {
   ModelArgs m;
   std::vector<std::string> presses, tasks;
   std::vector<double> ratios, thresholds;
-  std::string out, scope = "kvpress", surrogate;
+  std::string out;
   int64_t length = 0, samples = 20, first_index = 0;
-  uint64_t seed = 42, press_seed = 42;
-  int window = 128;
-  bool decoding = false, no_baseline = false, dry_run = false, quiet = false, prefill_per_cell = false;
+  uint64_t seed = 42;
+  // Every cell's settings but its press and policy: the flags land in the PressSpec fields directly.
+  PressSpec base = [] {
+    PressSpec b;
+    b.ratio_scope = "kvpress";  // each press split as kvpress splits it (eval::plan_sweep)
+    return b;
+  }();
+  bool no_baseline = false, dry_run = false, quiet = false, prefill_per_cell = false;
   std::string shard;  // "i/n"
 };
 
@@ -34,16 +39,10 @@ std::pair<int, int> parse_shard(const std::string& s) {
 
 int run_sweep(SweepArgs a) {
   const auto [shard_index, shard_count] = a.shard.empty() ? std::pair<int, int>{0, 1} : parse_shard(a.shard);
-  PressOptions base;
-  base.ratio_scope = a.scope;
-  base.window = a.window;
-  base.decoding = a.decoding;
-  base.seed = a.press_seed;
-  base.surrogate_dir = a.surrogate;
-  const std::vector<PressOptions> cells = eval::plan_sweep(a.presses, a.ratios, a.thresholds, base, !a.no_baseline);
+  const std::vector<PressSpec> cells = eval::plan_sweep(a.presses, a.ratios, a.thresholds, a.base, !a.no_baseline);
 
   int pending = 0;
-  for (const PressOptions& c : cells) {
+  for (const PressSpec& c : cells) {
     const bool done = eval::cell_finished(a.out + "/" + eval::cell_dir_name(&c));
     pending += !done;
     if (a.dry_run) std::printf("%-40s %s\n", eval::cell_dir_name(&c).c_str(), done ? "done" : "to run");
@@ -54,7 +53,7 @@ int run_sweep(SweepArgs a) {
   }
 
   auto model = a.m.load_model();
-  for (const PressOptions& c : cells)  // fail on bad options (a missing surrogate...) before running anything
+  for (const PressSpec& c : cells)  // fail on bad options (a missing surrogate...) before running anything
     if (!c.name.empty()) make_press(c, *model);
   if (a.m.ctx == 0) a.m.ctx = eval_context_size(a.length, *model);
   Session session(*model, a.m.session_options());
@@ -101,15 +100,21 @@ RegisterCommand reg("sweep", "run the suite over a grid of presses and settings 
   sub.add_option("--tasks", a->tasks, "comma-separated task names (default: all 13)")->delimiter(',');
   sub.add_option("--seed", a->seed, "suite seed");
   sub.add_option("--out", a->out, "output folder: one subfolder per cell and results.csv")->required();
-  sub.add_option("--window", a->window, "threshold presses never judge the most recent W tokens")
+  sub.add_option("--window", a->base.window, "threshold presses never judge the most recent W tokens")
       ->check(CLI::Range(0, 1 << 20));
-  sub.add_option("--ratio-scope", a->scope,
+  sub.add_option("--ratio-scope", a->base.ratio_scope,
                  "ratio budget: kvpress (each press as kvpress splits it: per head, KVzip global), global, layer, "
                  "head or adakv")
       ->check(CLI::IsMember({"kvpress", "global", "layer", "head", "adakv"}));
-  sub.add_flag("--decode-press", a->decoding, "threshold presses keep pruning question and answer tokens");
-  sub.add_option("--surrogate", a->surrogate, "KVzap surrogate folder (for a sweep with one kvzap press)");
-  sub.add_option("--press-seed", a->press_seed, "seed of the random press");
+  sub.add_option("--sink-tokens", a->base.sink_tokens, "threshold presses never evict the first N positions")
+      ->check(CLI::Range(0, 1 << 20));
+  sub.add_option("--prefill-evict-every", a->base.prefill_evict_every,
+                 "threshold presses judge a context every N positions while prefilling it (0 = once it is complete)")
+      ->check(CLI::Range(0, 1 << 20));
+  sub.add_flag("--decode-press", a->base.decoding, "threshold presses keep pruning question and answer tokens");
+  sub.add_flag("--press-sliding-layers", a->base.sliding_layers, "also prune sliding-window layers");
+  sub.add_option("--surrogate", a->base.surrogate_dir, "KVzap surrogate folder (for a sweep with one kvzap press)");
+  sub.add_option("--press-seed", a->base.seed, "seed of the random press");
   sub.add_flag("--no-baseline", a->no_baseline, "skip the full-cache cell");
   sub.add_option("--shard", a->shard, "run a deterministic 1/n of the grid, every cell on 1/n of the contexts: i/n "
                                       "(0 <= i < n); `kvzap report` merges the shard folders");

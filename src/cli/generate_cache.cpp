@@ -3,14 +3,13 @@
 #include <cstdio>
 
 #include "cache/cache_file.h"
-#include "cli/press_settings.h"
-#include "server/prepare.h"
 
 namespace kvzap::cli {
 
 void save_context_cache(const std::string& path, Session& s, const std::vector<int32_t>& context_ids, const PressArgs& press) {
   CacheFileMeta meta;
-  meta.press = server::press_settings_key(!press.name.empty(), press_options_from(press));
+  const PressSpec spec = press.spec();
+  meta.press = press_spec_key(spec.name.empty() ? nullptr : &spec);
   meta.tokens = context_ids;
   meta.logits.assign(s.logits(), s.logits() + s.model().config().n_vocab);
   save_cache_file(path, s.model(), s.cache(), meta);

@@ -247,12 +247,11 @@ std::unique_ptr<Sequence> Sequence::fork() const {
   f->cache_.share_from(cache_);
   f->logits_ = logits_;
   f->in_context_ = in_context_;
-  if (press_) {
-    if (std::unique_ptr<Press> copy = press_->clone()) {
-      f->observer_ = observer_ == press_ ? copy.get() : nullptr;
-      f->owned_press_ = std::move(copy);
-      f->press_ = f->owned_press_.get();
-    }
+  if (press_) {  // clone never returns null: a press that cannot be copied now throws
+    std::unique_ptr<Press> copy = press_->clone();
+    f->observer_ = observer_ == press_ ? copy.get() : nullptr;
+    f->owned_press_ = std::move(copy);
+    f->press_ = f->owned_press_.get();
   }
   return f;
 }

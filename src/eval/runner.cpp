@@ -257,11 +257,9 @@ std::vector<SampleOutcome> run_samples(Session& session, Press* press, const Pro
 // ----------------------------------------------------------------------------------------------
 // Cells.
 
-std::string kvpress_ratio_scope(const std::string& press) {
-  return press == "kvzip" || press == "kvzip+" ? "global" : "head";
-}
+std::string kvpress_ratio_scope(const std::string& press) { return press_traits(press).kvpress_ratio_scope; }
 
-std::string press_label(const PressOptions* p) {
+std::string press_label(const PressSpec* p) {
   if (!p || p->name.empty()) return "no_press";
   std::string s = p->name;
   if (p->decoding) s += "+decoding";
@@ -269,17 +267,17 @@ std::string press_label(const PressOptions* p) {
   return s;
 }
 
-std::string setting_kind(const PressOptions* p) {
+std::string setting_kind(const PressSpec* p) {
   if (!p || p->name.empty()) return "none";
   return p->has_threshold ? "threshold" : "ratio";
 }
 
-double setting_value(const PressOptions* p) {
+double setting_value(const PressSpec* p) {
   if (!p || p->name.empty()) return 0;
   return p->has_threshold ? p->threshold : p->ratio;
 }
 
-std::string cell_dir_name(const PressOptions* p) {
+std::string cell_dir_name(const PressSpec* p) {
   if (!p || p->name.empty()) return "no_press";
   return press_label(p) + "__" + setting_kind(p) + "_" + number(setting_value(p));
 }
@@ -294,7 +292,7 @@ namespace {
 // Writes a cell's tasks.csv, tasks.json and, last, summary.json from its outcomes (in the order of its
 // samples). shared_prefill: the outcomes came from a sweep that prefilled each context once for all
 // cells (their context_s is this press's replay and compression only).
-CellResult finish_cell(const EvalSetup& setup, const PressOptions* p, const fs::path& dir,
+CellResult finish_cell(const EvalSetup& setup, const PressSpec* p, const fs::path& dir,
                        std::vector<SampleOutcome> outcomes, double wall, bool shared_prefill) {
   CellResult cell;
   cell.outcomes = std::move(outcomes);
@@ -334,11 +332,8 @@ CellResult finish_cell(const EvalSetup& setup, const PressOptions* p, const fs::
   s["setting_kind"] = setting_kind(p);
   s["setting"] = setting_value(p);
   if (p) {
-    s["press_options"] = {{"window", p->window},
-                          {"ratio_scope", p->ratio_scope},
-                          {"decoding", p->decoding},
-                          {"seed", p->seed},
-                          {"surrogate", p->surrogate_dir}};
+    s["press_spec"] = press_spec_to_json(*p);  // every setting of the cell, as every front end reads it
+    s["press_key"] = press_spec_key(p);
   }
   s["suite"] = setup.suite;
   s["n_samples"] = cell.outcomes.size();
@@ -362,9 +357,9 @@ CellResult finish_cell(const EvalSetup& setup, const PressOptions* p, const fs::
 
 }  // namespace
 
-CellResult run_cell(const EvalSetup& setup, const PressOptions* press_opt, const std::string& out_dir,
+CellResult run_cell(const EvalSetup& setup, const PressSpec* press_opt, const std::string& out_dir,
                     const RunOptions& opt) {
-  const PressOptions* p = press_opt && !press_opt->name.empty() ? press_opt : nullptr;
+  const PressSpec* p = press_opt && !press_opt->name.empty() ? press_opt : nullptr;
   std::unique_ptr<Press> press = p ? make_press(*p, setup.model) : nullptr;
 
   std::error_code ec;
@@ -393,11 +388,11 @@ CellResult run_cell(const EvalSetup& setup, const PressOptions* press_opt, const
 // ----------------------------------------------------------------------------------------------
 // Sweeps.
 
-std::vector<PressOptions> plan_sweep(const std::vector<std::string>& presses, const std::vector<double>& ratios,
-                                     const std::vector<double>& thresholds, const PressOptions& base,
+std::vector<PressSpec> plan_sweep(const std::vector<std::string>& presses, const std::vector<double>& ratios,
+                                     const std::vector<double>& thresholds, const PressSpec& base,
                                      bool include_full_cache) {
-  std::vector<PressOptions> cells;
-  if (include_full_cache) cells.push_back(PressOptions{});
+  std::vector<PressSpec> cells;
+  if (include_full_cache) cells.push_back(PressSpec{});
   for (const std::string& spec : presses) {
     std::string name = spec, forced, scope = base.ratio_scope;
     if (const size_t at = name.rfind('@'); at != std::string::npos) {
@@ -418,7 +413,7 @@ std::vector<PressOptions> plan_sweep(const std::vector<std::string>& presses, co
     if (name == "none" || name == "no_press") continue;  // the full-cache cell is separate
     const ScorerEntry* e = find_scorer(name);
     if (!e) throw Error("unknown press '" + name + "' (see `kvzap presses`)");
-    bool by_threshold = e->supports_threshold && name.rfind("kvzap", 0) == 0;
+    bool by_threshold = e->supports_threshold && e->traits.threshold_by_default;
     if (forced == "threshold") {
       if (!e->supports_threshold) throw Error("press '" + name + "' cannot use a threshold");
       by_threshold = true;
@@ -432,7 +427,7 @@ std::vector<PressOptions> plan_sweep(const std::vector<std::string>& presses, co
       throw Error("press '" + name + "' runs by " + (by_threshold ? "threshold" : "ratio") + " but no --" +
                   (by_threshold ? "thresholds" : "ratios") + " were given");
     for (double v : settings) {
-      PressOptions o = base;
+      PressSpec o = base;
       o.name = name;
       o.has_threshold = by_threshold;
       o.has_ratio = !by_threshold;
@@ -441,10 +436,10 @@ std::vector<PressOptions> plan_sweep(const std::vector<std::string>& presses, co
       o.decoding = decoding;
       o.ratio_scope = scope == "kvpress" ? kvpress_ratio_scope(name) : scope;
       parse_ratio_scope(o.ratio_scope);       // fail on a typo before anything runs
-      if (!by_threshold) o.decoding = false;  // decoding-time pruning is the threshold policy's
+      if (!by_threshold) o.decoding = false, o.prefill_evict_every = 0;  // both are the threshold policy's
       const std::string dir = cell_dir_name(&o);
       bool dup = false;
-      for (const PressOptions& c : cells) dup = dup || (!c.name.empty() && cell_dir_name(&c) == dir);
+      for (const PressSpec& c : cells) dup = dup || (!c.name.empty() && cell_dir_name(&c) == dir);
       if (!dup) cells.push_back(o);
     }
   }
@@ -456,7 +451,7 @@ namespace {
 // One unfinished cell of a shared-prefill sweep.
 struct SharedCell {
   size_t index = 0;                 // in the grid
-  const PressOptions* press_opt = nullptr;
+  const PressSpec* press_opt = nullptr;
   fs::path dir;
   std::unique_ptr<Press> press;
   std::vector<size_t> samples;      // its samples (indices into setup.samples), in order
@@ -521,7 +516,7 @@ void resume_cell(SharedCell& cell, const EvalSetup& setup) {
 
 }  // namespace
 
-SweepResult run_sweep(const EvalSetup& setup, const std::vector<PressOptions>& cells, const std::string& out_dir,
+SweepResult run_sweep(const EvalSetup& setup, const std::vector<PressSpec>& cells, const std::string& out_dir,
                       const RunOptions& opt, int shard_index, int shard_count) {
   const auto t0 = std::chrono::steady_clock::now();
   if (shard_count < 1 || shard_index < 0 || shard_index >= shard_count)
@@ -622,7 +617,7 @@ SweepResult run_sweep(const EvalSetup& setup, const std::vector<PressOptions>& c
   }
   if (!share) {
     for (size_t c : to_run) {
-      const PressOptions* p = cells[c].name.empty() ? nullptr : &cells[c];
+      const PressSpec* p = cells[c].name.empty() ? nullptr : &cells[c];
       RunOptions run = opt;
       run.progress = &overall;
       run.label = cell_label(c);

@@ -100,11 +100,11 @@ std::string kvpress_ratio_scope(const std::string& press);
 // What a cell's results are labelled with in ResultRows: "no_press" without a press, else the press
 // name, with "+decoding" for decoding-time pruning and "@<scope>" when a ratio press uses another
 // budget split than kvpress_ratio_scope().
-std::string press_label(const PressOptions* press);
-std::string setting_kind(const PressOptions* press);  // "none" | "ratio" | "threshold"
-double setting_value(const PressOptions* press);
+std::string press_label(const PressSpec* press);
+std::string setting_kind(const PressSpec* press);  // "none" | "ratio" | "threshold"
+double setting_value(const PressSpec* press);
 // Folder name of a cell: "no_press", "knorm__ratio_0.5", "kvzap-mlp__threshold_-4".
-std::string cell_dir_name(const PressOptions* press);
+std::string cell_dir_name(const PressSpec* press);
 
 // Everything a cell needs besides its press.
 struct EvalSetup {
@@ -129,7 +129,7 @@ struct CellResult {
 //   tasks.csv, tasks.json  ResultRows per task (report.h format)
 //   summary.json   written last (its presence marks the cell finished): press, setting, suite,
 //                  average, evicted fraction, KV bytes, timings, per-task scores
-CellResult run_cell(const EvalSetup& setup, const PressOptions* press, const std::string& out_dir,
+CellResult run_cell(const EvalSetup& setup, const PressSpec* press, const std::string& out_dir,
                     const RunOptions& opt = {});
 
 // A cell counts as finished when its summary.json exists.
@@ -143,8 +143,8 @@ bool cell_finished(const std::string& cell_dir);
 // ("kvzap-mlp+decoding"), so one grid can hold both variants. `base` supplies window, decoding, seed, surrogate folder and the scope
 // ("kvpress" = kvpress_ratio_scope() of each press). Throws kvzap::Error for an unknown press or a press left
 // without settings.
-std::vector<PressOptions> plan_sweep(const std::vector<std::string>& presses, const std::vector<double>& ratios,
-                                     const std::vector<double>& thresholds, const PressOptions& base,
+std::vector<PressSpec> plan_sweep(const std::vector<std::string>& presses, const std::vector<double>& ratios,
+                                     const std::vector<double>& thresholds, const PressSpec& base,
                                      bool include_full_cache = true);
 
 struct SweepResult {
@@ -164,7 +164,7 @@ struct SweepResult {
 // g % count == index, under every cell — a deterministic 1/count of the grid's (cell, sample) units in
 // which each context is prefilled on one shard only, so machines can split a sweep; OUT/shard.json
 // records the shard and `kvzap report` merges the shard folders (merge_shard_folders).
-SweepResult run_sweep(const EvalSetup& setup, const std::vector<PressOptions>& cells, const std::string& out_dir,
+SweepResult run_sweep(const EvalSetup& setup, const std::vector<PressSpec>& cells, const std::string& out_dir,
                       const RunOptions& opt = {}, int shard_index = 0, int shard_count = 1);
 // True if `dir` is the output folder of a sharded sweep (it holds shard.json).
 bool is_shard_folder(const std::string& dir);

@@ -47,9 +47,13 @@ void size_scores(const KvCache& cache, CacheScores& out);
 // RoPE, 1/sqrt(D)) to every key; each non-window key's score is its attention averaged over the window
 // rows, smoothed by avg_pool_same(kernel), averaged over the G query heads of its KV head. Window
 // entries score +inf. Needs a context longer than the window.
+// The context's last queries that vote in SnapKV (and the presses built on its scores): a context must be
+// longer (the registry's min_context_tokens for them).
+inline constexpr int kSnapKvWindow = 64;
+
 class SnapKvScorer : public CacheContextScorer {
  public:
-  explicit SnapKvScorer(const ModelConfig& c, int window = 64, int kernel = 5);
+  explicit SnapKvScorer(const ModelConfig& c, int window = kSnapKvWindow, int kernel = 5);
   void observe_step(const LayerStep& step, const KvCache& cache) override { queries_.push(step); }
   void reset() override { queries_.clear(); }
   void score_cache(const KvCache& cache, CacheScores& out) override;

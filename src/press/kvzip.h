@@ -57,9 +57,5 @@ class KvzipScorer : public Scorer {
   int64_t protected_ = 0;
 };
 
-// The default threshold recorded by `kvzap calibrate --write-default` in <surrogate_dir>/kvzap.json
-// ({"default_threshold": T, ...}); nullopt when the file or the key is missing. Throws kvzap::Error
-// when the file exists but is not valid JSON or the value is not a finite number.
-std::optional<double> default_kvzap_threshold(const std::string& surrogate_dir);
 
 }  // namespace kvzap

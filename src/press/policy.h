@@ -19,7 +19,7 @@ class ThreadPool;
 // prefilling a context, at its end, or every `prefill_evict_every` positions when that is set.
 class ThresholdPress : public Press {
  public:
-  ThresholdPress(std::unique_ptr<Scorer> scorer, const PressOptions& opt);
+  ThresholdPress(std::unique_ptr<Scorer> scorer, const PressSpec& opt);
 
   std::string name() const override;
   void begin_context(ContextRunner& runner) override { start_context(); }
@@ -128,12 +128,16 @@ class BudgetSplit {
 // evicts the lowest fraction once the context is prefilled. Never touches later tokens.
 class RatioPress : public Press {
  public:
-  RatioPress(std::unique_ptr<Scorer> scorer, const PressOptions& opt);
+  // remake: builds a fresh scorer of this press, so the press can be copied outside a context (clone).
+  RatioPress(std::unique_ptr<Scorer> scorer, const PressSpec& opt, ScorerFactory remake = {});
 
   std::string name() const override;
   void begin_context(ContextRunner& runner) override;
   void end_context(ContextView& ctx) override;
   bool prunes_decoding() const override { return false; }
+  // Outside a context the press holds no state (it judged its context, or has not started one): the copy
+  // is a fresh press. Inside one, the scorer's partial state cannot be copied: throws.
+  std::unique_ptr<Press> clone() const override;
   void after_attention(const LayerStep& step, KvCache& cache) override;
   int h_readout_dim(int layer) const override { return in_context_ && scorer_->per_step() ? scorer_->h_readout_dim(layer) : 0; }
   void h_readout(int layer, const float* h, int64_t n, float* out) const override { scorer_->h_readout(layer, h, n, out); }
@@ -145,6 +149,8 @@ class RatioPress : public Press {
 
  private:
   std::unique_ptr<Scorer> scorer_;
+  ScorerFactory remake_;
+  PressSpec spec_;
   std::string scorer_name_;
   double ratio_;
   RatioScope scope_;

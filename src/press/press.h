@@ -4,11 +4,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cache/kv_cache.h"
 #include "model/forward.h"
+#include "press/press_spec.h"
 
 namespace kvzap {
 
@@ -68,32 +70,6 @@ class Scorer {
 // holds only its window; the ratio policy leaves it alone and shows the scorer none of its steps.
 inline bool judged_layer(const KvCache& cache, int layer) { return cache.layer_window(layer) == 0; }
 
-struct PressOptions {
-  std::string name;
-  // Exactly one of threshold / ratio selects the policy.
-  bool has_threshold = false;
-  double threshold = 0;       // evict a pair when its score < threshold (strict)
-  bool has_ratio = false;
-  double ratio = 0;           // fraction of context entries to evict
-  std::string ratio_scope = "global";  // global | layer | head
-  int window = 128;           // threshold policy: the most recent `window` tokens are never judged
-  // Threshold policy: positions < sink_tokens are never evicted (attention sinks such as <bos>). 0, as in
-  // the KVzap paper and kvpress (their threshold press protects no sink).
-  int sink_tokens = 0;
-  bool decoding = false;      // threshold policy: also prune question and generated tokens
-  // Threshold policy: while a context is prefilled, judge it every `prefill_evict_every` positions (each
-  // entry that has left the window by then) and free its pages at once, so a request never holds much
-  // more than kept + window + one interval. The engine cuts context steps at multiples of it, so the kept
-  // set does not depend on how the prompt is chunked or batched. Later context tokens then attend to the
-  // pruned cache (as decoding does). 0 = judge the context once it is complete (kvpress's one-pass prefill).
-  int prefill_evict_every = 0;
-  // Sliding-window layers (Gemma 3's local layers) already keep only their window: presses leave them
-  // alone unless asked (they prune the global layers).
-  bool sliding_layers = false;
-  std::string surrogate_dir;  // KVzap surrogates (empty = the shipped default for the model)
-  uint64_t seed = 42;         // random press
-};
-
 // A press watches the forward pass (LayerObserver) and frees cache entries.
 class Press : public LayerObserver {
  public:
@@ -110,29 +86,50 @@ class Press : public LayerObserver {
   // multiple of it, Engine::step cuts it there); 0 = it frees nothing before end_context.
   virtual int64_t context_eviction_interval() const { return 0; }
   // A copy of this press and its per-sequence state, for a fork of the sequence (shares the scorer's
-  // read-only weights). Null if the press cannot be copied mid-sequence (then the fork gets no press).
-  virtual std::unique_ptr<Press> clone() const { return nullptr; }
+  // read-only weights). Never null: a press that cannot be copied at this point throws kvzap::Error, so a
+  // fork never silently runs without its press.
+  virtual std::unique_ptr<Press> clone() const = 0;
 };
 
-std::unique_ptr<Press> make_press(const PressOptions& opt, const Model& model);
+std::unique_ptr<Press> make_press(const PressSpec& opt, const Model& model);
+
+// What the registry knows of a press besides its factory: capabilities and defaults, so that no code
+// elsewhere asks for a press by its name.
+struct PressTraits {
+  bool threshold_by_default = false;         // a sweep runs it by threshold (KVzap); others by ratio
+  std::string kvpress_ratio_scope = "head";  // how kvpress splits its ratio budget (KVzip: global)
+  int64_t min_context_tokens = 0;            // the context must be longer (SnapKV votes with 64 queries)
+  bool repeats_context = false;              // scoring runs the context again: needs ~2x it in n_ctx (KVzip)
+  // The threshold of a spec that gives neither a threshold nor a ratio (KVzap: calibrated beside its
+  // surrogate); empty or nullopt = none, the spec is refused.
+  std::function<std::optional<double>(const PressSpec&, const Model&)> default_threshold;
+};
 
 // Registry of scorers: name -> factory. Policies wrap them (threshold.cpp, ratio.cpp).
 struct ScorerEntry {
   std::string name;
   std::string description;
   bool supports_threshold;  // per-step scorers only
-  std::function<std::unique_ptr<Scorer>(const PressOptions&, const Model&)> make;
+  std::function<std::unique_ptr<Scorer>(const PressSpec&, const Model&)> make;
+  PressTraits traits = {};
 };
 std::vector<ScorerEntry>& scorer_registry();
+// The entry a press name runs: its own, or for "adakv_<press>" (when not registered as such) the
+// wrapped press's. Null if unknown.
+const ScorerEntry* find_press_entry(const std::string& name);
+// find_press_entry(name)'s traits, or the defaults for an unknown name (make_press refuses it).
+const PressTraits& press_traits(const std::string& name);
 struct RegisterScorer {
   explicit RegisterScorer(ScorerEntry e) { scorer_registry().push_back(std::move(e)); }
 };
 
 // KVzap surrogate folder for `kind` ("linear" | "mlp"): opt.surrogate_dir, else the one shipped for the
 // model under data/surrogates/ (throws kvzap::Error telling the user to pass --surrogate otherwise).
-std::string kvzap_surrogate_dir(const PressOptions& opt, const Model& model, const std::string& kind);
+std::string kvzap_surrogate_dir(const PressSpec& opt, const Model& model, const std::string& kind);
 
-std::unique_ptr<Press> make_threshold_press(std::unique_ptr<Scorer> scorer, const PressOptions& opt);
-std::unique_ptr<Press> make_ratio_press(std::unique_ptr<Scorer> scorer, const PressOptions& opt);
+std::unique_ptr<Press> make_threshold_press(std::unique_ptr<Scorer> scorer, const PressSpec& opt);
+// Builds a fresh scorer of the same press (for RatioPress::clone).
+using ScorerFactory = std::function<std::unique_ptr<Scorer>()>;
+std::unique_ptr<Press> make_ratio_press(const ScorerFactory& make_scorer, const PressSpec& opt);
 
 }  // namespace kvzap

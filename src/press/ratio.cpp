@@ -182,8 +182,10 @@ int64_t evict_lowest(KvCache& cache, const CacheScores& scores, double ratio, Ra
   return evict_marked(cache, drop);
 }
 
-RatioPress::RatioPress(std::unique_ptr<Scorer> scorer, const PressOptions& opt)
+RatioPress::RatioPress(std::unique_ptr<Scorer> scorer, const PressSpec& opt, ScorerFactory remake)
     : scorer_(std::move(scorer)),
+      remake_(std::move(remake)),
+      spec_(opt),
       scorer_name_(opt.name),
       ratio_(opt.ratio),
       scope_(parse_ratio_scope(opt.ratio_scope)),
@@ -280,8 +282,16 @@ int64_t RatioPress::finish_context(KvCache& cache, ContextView* ctx) {
   return evict_lowest(cache, scores, ratio_, scope_, sliding_layers_);
 }
 
-std::unique_ptr<Press> make_ratio_press(std::unique_ptr<Scorer> scorer, const PressOptions& opt) {
-  return std::make_unique<RatioPress>(std::move(scorer), opt);
+std::unique_ptr<Press> RatioPress::clone() const {
+  if (in_context_)
+    throw Error("press '" + scorer_name_ + "' cannot be copied while it scores a context: fork the sequence before "
+                "or after the context");
+  if (!remake_) throw Error("internal: press '" + scorer_name_ + "' was built without a scorer factory and cannot be copied");
+  return std::make_unique<RatioPress>(remake_(), spec_, remake_);
+}
+
+std::unique_ptr<Press> make_ratio_press(const ScorerFactory& make_scorer, const PressSpec& opt) {
+  return std::make_unique<RatioPress>(make_scorer(), opt, make_scorer);
 }
 
 }  // namespace kvzap

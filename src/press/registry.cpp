@@ -35,31 +35,39 @@ std::string number(double v) {
 
 }  // namespace
 
-std::unique_ptr<Press> make_press(const PressOptions& options, const Model& model) {
-  PressOptions opt = options;
-  // KVzap without a setting: the threshold calibrated for its surrogate (kvzap.json beside it).
-  if (!opt.has_threshold && !opt.has_ratio && (opt.name == "kvzap-linear" || opt.name == "kvzap-mlp")) {
-    const std::string dir = kvzap_surrogate_dir(opt, model, opt.name == "kvzap-mlp" ? "mlp" : "linear");
-    if (const std::optional<double> t = default_kvzap_threshold(dir)) {
+const ScorerEntry* find_press_entry(const std::string& name) {
+  const auto& reg = scorer_registry();
+  auto find = [&](const std::string& n) -> const ScorerEntry* {
+    auto it = std::find_if(reg.begin(), reg.end(), [&](const ScorerEntry& e) { return e.name == n; });
+    return it == reg.end() ? nullptr : &*it;
+  };
+  if (const ScorerEntry* e = find(name)) return e;
+  const std::string ada_prefix = "adakv_";
+  if (name.rfind(ada_prefix, 0) == 0) return find(name.substr(ada_prefix.size()));
+  return nullptr;
+}
+
+const PressTraits& press_traits(const std::string& name) {
+  static const PressTraits defaults;
+  const ScorerEntry* e = find_press_entry(name);
+  return e ? e->traits : defaults;
+}
+
+std::unique_ptr<Press> make_press(const PressSpec& options, const Model& model) {
+  PressSpec opt = options;
+  // "adakv_<press>": any registered press under the AdaKV budget (press/scorer_adakv.cpp).
+  const ScorerEntry* found = find_press_entry(opt.name);
+  if (!found)
+    throw Error("unknown press '" + opt.name + "' (known presses: " + known_presses() + "; adakv_<press> for AdaKV)");
+  const ScorerEntry& entry = *found;
+  const bool wrap_adakv = entry.name != opt.name;
+  // No setting given: the press's default threshold, if the registry gives it one (KVzap: calibrated).
+  if (!opt.has_threshold && !opt.has_ratio && entry.traits.default_threshold && !wrap_adakv) {
+    if (const std::optional<double> t = entry.traits.default_threshold(opt, model)) {
       opt.has_threshold = true;
       opt.threshold = *t;
     }
   }
-  const auto& reg = scorer_registry();
-  auto find = [&](const std::string& name) {
-    return std::find_if(reg.begin(), reg.end(), [&](const ScorerEntry& e) { return e.name == name; });
-  };
-  auto it = find(opt.name);
-  // "adakv_<press>": any registered press under the AdaKV budget (press/scorer_adakv.cpp).
-  const std::string ada_prefix = "adakv_";
-  bool wrap_adakv = false;
-  if (it == reg.end() && opt.name.rfind(ada_prefix, 0) == 0) {
-    it = find(opt.name.substr(ada_prefix.size()));
-    wrap_adakv = it != reg.end();
-  }
-  if (it == reg.end())
-    throw Error("unknown press '" + opt.name + "' (known presses: " + known_presses() + "; adakv_<press> for AdaKV)");
-  const ScorerEntry& entry = *it;
   if (wrap_adakv && opt.has_threshold)
     throw Error("press '" + opt.name + "' is an AdaKV ratio budget and cannot use a threshold; give it a ratio");
 
@@ -80,17 +88,24 @@ std::unique_ptr<Press> make_press(const PressOptions& options, const Model& mode
                   "' judges the whole context once it is complete");
   }
 
-  std::unique_ptr<Scorer> scorer = entry.make(opt, model);
-  if (entry.supports_threshold && !scorer->per_step())
-    throw Error("internal: press '" + opt.name + "' supports a threshold but is not a per-step scorer");
-  if (opt.has_threshold) return make_threshold_press(std::move(scorer), opt);
-  if (wrap_adakv) {
-    const auto* split = dynamic_cast<BudgetSplit*>(scorer.get());
-    if (split && split->budget_name() != "adakv")
-      throw Error("press '" + entry.name + "' splits its budget itself and cannot be wrapped in AdaKV");
-    if (!split) scorer = make_adakv_scorer(std::move(scorer));  // an AdaKV press stays as it is
+  if (opt.has_threshold) {
+    std::unique_ptr<Scorer> scorer = entry.make(opt, model);
+    if (!scorer->per_step()) throw Error("internal: press '" + opt.name + "' supports a threshold but is not a per-step scorer");
+    return make_threshold_press(std::move(scorer), opt);
   }
-  return make_ratio_press(std::move(scorer), opt);
+  // The ratio policy keeps the recipe, so that a copy of the press (a fork) gets a fresh scorer.
+  const Model* m = &model;
+  ScorerFactory make_scorer = [make = entry.make, opt, m, wrap_adakv, name = entry.name]() {
+    std::unique_ptr<Scorer> scorer = make(opt, *m);
+    if (wrap_adakv) {
+      const auto* split = dynamic_cast<BudgetSplit*>(scorer.get());
+      if (split && split->budget_name() != "adakv")
+        throw Error("press '" + name + "' splits its budget itself and cannot be wrapped in AdaKV");
+      if (!split) scorer = make_adakv_scorer(std::move(scorer));  // an AdaKV press stays as it is
+    }
+    return scorer;
+  };
+  return make_ratio_press(make_scorer, opt);
 }
 
 }  // namespace kvzap

@@ -50,9 +50,10 @@ namespace {
 RegisterScorer reg_snapkv({"adakv_snapkv",
                            "AdaKV(SnapKV): per-layer budget shared by the heads, each keeps >= 20% of its share "
                            "(also adakv_<any press>, or --ratio-scope adakv)",
-                           false, [](const PressOptions&, const Model& m) { return make_adakv_scorer(make_snapkv_scorer(m.config())); }});
+                           false, [](const PressSpec&, const Model& m) { return make_adakv_scorer(make_snapkv_scorer(m.config())); },
+                           {.min_context_tokens = kSnapKvWindow}});
 RegisterScorer reg_compactor({"adakv_compactor", "AdaKV(Compactor), the kvpress leaderboard's Compactor entry", false,
-                              [](const PressOptions& o, const Model& m) {
+                              [](const PressSpec& o, const Model& m) {
                                 return make_adakv_scorer(make_compactor_scorer(m.config(), o.ratio, o.seed));
                               }});
 }  // namespace

@@ -75,7 +75,8 @@ namespace {
 RegisterScorer reg({"chunkkv",
                     "ChunkKV(SnapKV): keeps whole 20-token chunks by their mean SnapKV score, same for all heads "
                     "(ratio scope does not apply)",
-                    false, [](const PressOptions&, const Model& m) { return make_chunkkv_scorer(m.config()); }});
+                    false, [](const PressSpec&, const Model& m) { return make_chunkkv_scorer(m.config()); },
+                    {.min_context_tokens = kSnapKvWindow}});
 }  // namespace
 
 }  // namespace kvzap

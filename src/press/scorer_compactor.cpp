@@ -10,7 +10,7 @@
 //
 // The tiles' queries are consumed while the context is prefilled: a tile is scored as soon as its
 // keys are cached and 4 more tokens exist (so it cannot reach the protected tail); only the queries
-// of an unfinished tile are kept. Differences from kvpress: the sketch is seeded (PressOptions::seed)
+// of an unfinished tile are kept. Differences from kvpress: the sketch is seeded (PressSpec::seed)
 // instead of drawn fresh; padded query rows and keys of the last partial tile are excluded as in
 // kvpress's current code.
 #include <algorithm>
@@ -179,7 +179,7 @@ namespace {
 RegisterScorer reg({"compactor",
                     "Compactor: sketched leverage of pre-RoPE keys (x ratio) + non-causal attention in 256-token "
                     "tiles x ||v||, both z-scored; first 8 and last 4 tokens kept",
-                    false, [](const PressOptions& o, const Model& m) {
+                    false, [](const PressSpec& o, const Model& m) {
                       return make_compactor_scorer(m.config(), o.ratio, o.seed);
                     }});
 }  // namespace

@@ -187,12 +187,12 @@ RegisterScorer reg({"expected_attention",
                     "AdaKV(ExpectedAttention, eps 1e-2) as kvpress registers it: attention expected from future "
                     "queries (Gaussian stats of the context's queries, RoPE averaged over 512 positions) x ||v||",
                     false,
-                    [](const PressOptions&, const Model& m) {
+                    [](const PressSpec&, const Model& m) {
                       return make_adakv_scorer(make_expected_attention_scorer(m.config(), 1e-2));
                     }});
 RegisterScorer reg_uniform({"expected_attention_uniform",
                             "ExpectedAttention (eps 1e-2) without AdaKV: the budget follows --ratio-scope", false,
-                            [](const PressOptions&, const Model& m) {
+                            [](const PressSpec&, const Model& m) {
                               return make_expected_attention_scorer(m.config(), 1e-2);
                             }});
 }  // namespace

@@ -23,7 +23,7 @@ class KnormScorer : public Scorer {
 };
 
 RegisterScorer reg({"knorm", "negative L2 norm of each key (keeps low-norm keys)", true,
-                    [](const PressOptions&, const Model&) { return std::make_unique<KnormScorer>(); }});
+                    [](const PressSpec&, const Model&) { return std::make_unique<KnormScorer>(); }});
 
 }  // namespace
 }  // namespace kvzap

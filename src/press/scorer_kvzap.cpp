@@ -74,7 +74,7 @@ std::shared_ptr<const Surrogate> load_shared(const std::string& dir) {
   return s;
 }
 
-std::unique_ptr<Scorer> make_kvzap(const PressOptions& opt, const Model& model, bool mlp) {
+std::unique_ptr<Scorer> make_kvzap(const PressSpec& opt, const Model& model, bool mlp) {
   const std::string kind = mlp ? "mlp" : "linear";
   const std::string dir = kvzap_surrogate_dir(opt, model, kind);
   std::shared_ptr<const Surrogate> s = load_shared(dir);
@@ -89,15 +89,22 @@ std::unique_ptr<Scorer> make_kvzap(const PressOptions& opt, const Model& model, 
   return std::make_unique<KvzapScorer>(std::move(s));
 }
 
+// KVzap runs by threshold; without one, the threshold calibrated for its surrogate (kvzap.json beside it).
+PressTraits kvzap_traits(const char* kind) {
+  return {.threshold_by_default = true,
+          .default_threshold = [kind](const PressSpec& o, const Model& m) {
+            return default_kvzap_threshold(kvzap_surrogate_dir(o, m, kind));
+          }};
+}
 RegisterScorer reg_linear({"kvzap-linear", "KVzap-Linear: a per-layer linear surrogate predicts log KVzip+ scores", true,
-                           [](const PressOptions& o, const Model& m) { return make_kvzap(o, m, false); }});
+                           [](const PressSpec& o, const Model& m) { return make_kvzap(o, m, false); }, kvzap_traits("linear")});
 RegisterScorer reg_mlp({"kvzap-mlp", "KVzap-MLP: a per-layer 2-layer MLP surrogate predicts log KVzip+ scores", true,
-                        [](const PressOptions& o, const Model& m) { return make_kvzap(o, m, true); }});
+                        [](const PressSpec& o, const Model& m) { return make_kvzap(o, m, true); }, kvzap_traits("mlp")});
 
 }  // namespace
 
 // The surrogate folder: --surrogate DIR, else <source>/data/surrogates/<model name>/<kind> if shipped.
-std::string kvzap_surrogate_dir(const PressOptions& opt, const Model& model, const std::string& kind) {
+std::string kvzap_surrogate_dir(const PressSpec& opt, const Model& model, const std::string& kind) {
   if (!opt.surrogate_dir.empty()) return opt.surrogate_dir;
   const std::string& name = model.config().name;
   const fs::path root = fs::path(KVZAP_SOURCE_DIR) / "data" / "surrogates";

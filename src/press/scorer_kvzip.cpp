@@ -76,18 +76,22 @@ void KvzipScorer::score_context(ContextView& ctx, CacheScores& out) {
       for (int64_t i = 0; i < protected_; i++) out[l][h][i] = std::numeric_limits<float>::infinity();
     }
 
-  for (int64_t c0 = start; c0 < n_ctx; c0 += kChunk) {
-    const int64_t c1 = std::min(n_ctx, c0 + kChunk);
+  for (int64_t c0 = start, c1 = 0; c0 < n_ctx; c0 = c1) {
     std::vector<int32_t> prev_tail;
     if (c0 > start) prev_tail.assign(ids.begin() + (c0 - kPrevTail), ids.begin() + c0);
     std::vector<int32_t> input = repeat_prompt(prev_tail, c0 == start);
     input.insert(input.end(), suffix.begin(), suffix.end());
+    // kvpress repeats 2048 context tokens per pass. Where one forward step takes fewer tokens (the
+    // server's --batch), the chunk shrinks to fit it: smaller chunks, same scoring, no refusal.
+    const int64_t overhead = (int64_t)input.size();
+    const int64_t chunk = std::min<int64_t>(kChunk, ctx.runner.max_step_tokens() - overhead);
+    if (chunk < kPrevTail)
+      throw Error("KVzip scoring needs a batch of at least " + std::to_string(overhead + kPrevTail) + " tokens; raise -b");
+    c1 = std::min(n_ctx, c0 + chunk);
     input.insert(input.end(), ids.begin() + c0, ids.begin() + c1);
     const int64_t n_in = (int64_t)input.size();
     if (n_ctx + n_in > ctx.runner.n_ctx())
       throw Error("KVzip scoring needs " + std::to_string(n_ctx + n_in) + " tokens of context (context + repeat input); raise -c");
-    if (n_in > ctx.runner.max_step_tokens())
-      throw Error("KVzip scoring needs a batch of at least " + std::to_string(n_in) + " tokens; raise -b");
     ChunkObserver obs(*this, out, c0, c1, n_ctx, n_in);
     obs.pool_ptr = &ctx.runner.threads();
     obs.dump = dump_layer_ >= 0 && c0 == start;
@@ -191,26 +195,13 @@ void KvzipScorer::write_dump(const LayerStep& st, int64_t ns, int64_t m, int64_t
   if (!f) throw Error((dir / "meta.json").string() + ": write failed");
 }
 
-std::optional<double> default_kvzap_threshold(const std::string& surrogate_dir) {
-  namespace fs = std::filesystem;
-  const fs::path p = fs::path(surrogate_dir) / "kvzap.json";
-  std::error_code ec;
-  if (!fs::exists(p, ec)) return std::nullopt;
-  std::ifstream in(p);
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) throw Error(p.string() + ": not a JSON object");
-  const auto it = j.find("default_threshold");
-  if (it == j.end() || it->is_null()) return std::nullopt;
-  if (!it->is_number() || !std::isfinite(it->get<double>()))
-    throw Error(p.string() + ": \"default_threshold\" must be a finite number");
-  return it->get<double>();
-}
-
 namespace {
 RegisterScorer reg_kvzip({"kvzip", "KVzip: attention paid by a repeat-the-context pass (oracle, ~2x prefill cost)", false,
-                          [](const PressOptions&, const Model& m) { return std::make_unique<KvzipScorer>(m, false); }});
+                          [](const PressSpec&, const Model& m) { return std::make_unique<KvzipScorer>(m, false); },
+                          {.kvpress_ratio_scope = "global", .repeats_context = true}});
 RegisterScorer reg_kvzip_plus({"kvzip+", "KVzip+: KVzip weighted by ||W_O v|| / ||h|| (the target KVzap learns)", false,
-                               [](const PressOptions&, const Model& m) { return std::make_unique<KvzipScorer>(m, true); }});
+                               [](const PressSpec&, const Model& m) { return std::make_unique<KvzipScorer>(m, true); },
+                               {.kvpress_ratio_scope = "global", .repeats_context = true}});
 }  // namespace
 
 }  // namespace kvzap

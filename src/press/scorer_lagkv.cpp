@@ -89,7 +89,7 @@ namespace {
 RegisterScorer reg({"lagkv",
                     "LagKV: per-token spread of keys and values normalised by the next 128-token partition, "
                     "ranked within the partition; sinks and the last partition kept",
-                    false, [](const PressOptions&, const Model&) { return make_lagkv_scorer(); }});
+                    false, [](const PressSpec&, const Model&) { return make_lagkv_scorer(); }});
 }  // namespace
 
 }  // namespace kvzap

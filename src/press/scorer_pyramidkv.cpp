@@ -55,7 +55,8 @@ namespace {
 RegisterScorer reg({"pyramidkv",
                     "PyramidKV: SnapKV scores with per-layer budgets decreasing linearly with depth (beta 20), "
                     "same count per head (its own budget: the ratio scope does not apply)",
-                    false, [](const PressOptions&, const Model& m) { return make_pyramidkv_scorer(m.config()); }});
+                    false, [](const PressSpec&, const Model& m) { return make_pyramidkv_scorer(m.config()); },
+                    {.min_context_tokens = kSnapKvWindow}});
 }  // namespace
 
 }  // namespace kvzap

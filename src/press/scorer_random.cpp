@@ -26,7 +26,7 @@ class RandomScorer : public Scorer {
 };
 
 RegisterScorer reg({"random", "uniform random scores, seeded by --seed (a baseline)", true,
-                    [](const PressOptions& opt, const Model&) { return std::make_unique<RandomScorer>(opt.seed); }});
+                    [](const PressSpec& opt, const Model&) { return std::make_unique<RandomScorer>(opt.seed); }});
 
 }  // namespace
 }  // namespace kvzap

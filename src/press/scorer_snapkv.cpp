@@ -60,7 +60,8 @@ std::unique_ptr<Scorer> make_snapkv_scorer(const ModelConfig& c) { return std::m
 namespace {
 RegisterScorer reg({"snapkv",
                     "SnapKV: attention of the context's last 64 queries, pooled over 5 positions; the window is kept",
-                    false, [](const PressOptions&, const Model& m) { return make_snapkv_scorer(m.config()); }});
+                    false, [](const PressSpec&, const Model& m) { return make_snapkv_scorer(m.config()); },
+                    {.min_context_tokens = kSnapKvWindow}});
 }  // namespace
 
 }  // namespace kvzap

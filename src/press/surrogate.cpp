@@ -455,4 +455,19 @@ void Surrogate::predict_threaded(int layer, const float* h, int64_t n_tok, float
   });
 }
 
+std::optional<double> default_kvzap_threshold(const std::string& surrogate_dir) {
+  namespace fs = std::filesystem;
+  const fs::path p = fs::path(surrogate_dir) / "kvzap.json";
+  std::error_code ec;
+  if (!fs::exists(p, ec)) return std::nullopt;
+  std::ifstream in(p);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) throw Error(p.string() + ": not a JSON object");
+  const auto it = j.find("default_threshold");
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number() || !std::isfinite(it->get<double>()))
+    throw Error(p.string() + ": \"default_threshold\" must be a finite number");
+  return it->get<double>();
+}
+
 }  // namespace kvzap

@@ -12,6 +12,7 @@
 #include "kernels/thread_pool.h"
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,5 +80,10 @@ class Surrogate {
   std::vector<SurrogateLayerWeights> layers_;
   std::vector<std::vector<float>> w1t_;  // MLP: per layer W1^T [D_h][hidden] for gemm_nn
 };
+
+// The default threshold recorded by `kvzap calibrate --write-default` in <surrogate_dir>/kvzap.json
+// ({"default_threshold": T, ...}); nullopt when the file or the key is missing. Throws kvzap::Error
+// when the file exists but is not valid JSON or the value is not a finite number.
+std::optional<double> default_kvzap_threshold(const std::string& surrogate_dir);
 
 }  // namespace kvzap

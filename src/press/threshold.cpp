@@ -29,7 +29,7 @@ void ThresholdPress::Window::drop_front(size_t n) {
   for (auto& s : score) s.erase(s.begin(), s.begin() + (ptrdiff_t)n);
 }
 
-ThresholdPress::ThresholdPress(std::unique_ptr<Scorer> scorer, const PressOptions& opt)
+ThresholdPress::ThresholdPress(std::unique_ptr<Scorer> scorer, const PressSpec& opt)
     : scorer_(std::move(scorer)),
       scorer_name_(opt.name),
       threshold_(opt.threshold),
@@ -157,7 +157,7 @@ void ThresholdPress::evict_leaving(int layer, size_t n_leave, KvCache& cache) {
   }
 }
 
-std::unique_ptr<Press> make_threshold_press(std::unique_ptr<Scorer> scorer, const PressOptions& opt) {
+std::unique_ptr<Press> make_threshold_press(std::unique_ptr<Scorer> scorer, const PressSpec& opt) {
   return std::make_unique<ThresholdPress>(std::move(scorer), opt);
 }
 

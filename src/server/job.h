@@ -74,7 +74,7 @@ struct Job {
   GenerationOptions gen;
   // Compression: none when !has_press. press_key names the settings (and tenant) for prefix reuse.
   bool has_press = false;
-  PressOptions press_options;
+  PressSpec press_spec;
   std::unique_ptr<Press> first_press;  // made (and validated) by the HTTP thread; later admissions remake it
   std::string press_label = "none";
   std::string press_key;

@@ -8,7 +8,7 @@
 
 namespace kvzap::server {
 
-std::unique_ptr<Press> PressFactory::make(const PressOptions& o, const std::string& key) {
+std::unique_ptr<Press> PressFactory::make(const PressSpec& o, const std::string& key) {
   std::lock_guard<std::mutex> lock(mu_);
   if (std::unique_ptr<Press>* proto = prototypes_.get(key)) {
     if (auto p = (*proto)->clone()) return p;
@@ -23,65 +23,40 @@ std::unique_ptr<Press> PressFactory::make(const PressOptions& o, const std::stri
   return p;
 }
 
-bool resolve_press(const std::optional<KvCompressionSpec>& spec, const ServerDefaults& d, PressOptions& out) {
+bool resolve_press(const std::optional<KvCompressionSpec>& spec, const ServerDefaults& d, PressSpec& out) {
   if (!spec) {
     out = d.press;
     out.prefill_evict_every = out.has_ratio ? 0 : d.prefill_evict_every;
     return d.has_press;
   }
   if (spec->press && *spec->press == "none") {
-    if (spec->threshold || spec->ratio || spec->window || spec->sink_tokens || spec->decoding || spec->sliding_layers ||
-        spec->prefill_evict_every)
+    if (spec->threshold || spec->ratio || spec->ratio_scope || spec->window || spec->sink_tokens || spec->decoding ||
+        spec->sliding_layers || spec->prefill_evict_every || spec->seed)
       throw invalid_request(
-          "kv_compression: press \"none\" takes no threshold, ratio, window, sink_tokens, prefill_evict_every, decoding "
-          "or sliding_layers");
+          "kv_compression: press \"none\" takes no threshold, ratio, ratio_scope, window, sink_tokens, "
+          "prefill_evict_every, decoding, sliding_layers or seed");
     return false;
   }
-  if (spec->press && (!d.has_press || *spec->press != d.press.name)) {
-    out = PressOptions{};  // another press than the server's: only the request's settings apply
-    out.name = *spec->press;
-  } else if (d.has_press) {
-    out = d.press;
-  } else {
+  if (!spec->press && !d.has_press)
     throw invalid_request("kv_compression.press is required: this server has no default press (--press)");
-  }
-  if (spec->threshold) {
-    out.has_threshold = true, out.threshold = *spec->threshold;
-    out.has_ratio = false;
-  }
-  if (spec->ratio) {
-    out.has_ratio = true, out.ratio = *spec->ratio;
-    out.has_threshold = false;
-  }
-  if (spec->window) out.window = *spec->window;
-  if (spec->sink_tokens) out.sink_tokens = *spec->sink_tokens;
-  if (spec->decoding) out.decoding = *spec->decoding;
-  if (spec->sliding_layers) out.sliding_layers = *spec->sliding_layers;
-  out.prefill_evict_every = spec->prefill_evict_every ? *spec->prefill_evict_every : out.has_ratio ? 0 : d.prefill_evict_every;
+  // Another press than the server's starts from PressSpec{}: only the request's settings apply.
+  out = press_spec_apply(d.has_press ? d.press : PressSpec{}, *spec);
+  if (!spec->prefill_evict_every) out.prefill_evict_every = out.has_ratio ? 0 : d.prefill_evict_every;
   return true;
 }
 
-std::string press_settings_key(bool has_press, const PressOptions& o) {
-  if (!has_press) return "none";
-  char buf[512];
-  std::snprintf(buf, sizeof buf, "%s|t=%d:%.17g|r=%d:%.17g|scope=%s|w=%d|sink=%d|every=%d|dec=%d|slide=%d|sur=%s|seed=%llu",
-                o.name.c_str(), (int)o.has_threshold, o.threshold, (int)o.has_ratio, o.ratio, o.ratio_scope.c_str(),
-                o.window, o.sink_tokens, o.prefill_evict_every, (int)o.decoding, (int)o.sliding_layers, o.surrogate_dir.c_str(), (unsigned long long)o.seed);
-  return buf;
-}
+std::string press_settings_key(bool has_press, const PressSpec& o) { return press_spec_key(has_press ? &o : nullptr); }
 
-void check_prompt_fits_press(const PressOptions& o, int64_t n_prompt, int64_t n_ctx) {
-  // SnapKV and the presses built on its scores (press/baselines.h) vote with the context's last 64
-  // queries and fail on a shorter context; in a batch step that failure would end every request in it.
-  constexpr int64_t kSnapKvWindow = 64;
-  std::string base = o.name;
-  if (base.rfind("adakv_", 0) == 0) base = base.substr(6);
-  if (o.has_ratio && (base == "snapkv" || base == "chunkkv" || base == "pyramidkv") && n_prompt <= kSnapKvWindow)
-    throw invalid_request("kv_compression: press '" + o.name + "' (SnapKV scores) needs a prompt longer than " +
-                          std::to_string(kSnapKvWindow) + " tokens, got " + std::to_string(n_prompt));
-  // KVzip scores by a repeat pass: the context plus a chat-wrapped copy of up to 2048 of its tokens
-  // (press/scorer_kvzip.cpp) must fit the context; 64 tokens cover the template around the copy.
-  if (base == "kvzip" || base == "kvzip+") {
+void check_prompt_fits_press(const PressSpec& o, int64_t n_prompt, int64_t n_ctx) {
+  // What the press needs of a context comes from the registry: checked here, a failure would otherwise
+  // happen inside a batch step and end every request in it.
+  const PressTraits& t = press_traits(o.name);
+  if (o.has_ratio && n_prompt <= t.min_context_tokens)
+    throw invalid_request("kv_compression: press '" + o.name + "' needs a prompt longer than " +
+                          std::to_string(t.min_context_tokens) + " tokens, got " + std::to_string(n_prompt));
+  // A repeat pass (KVzip) runs the context plus a chat-wrapped copy of up to 2048 of its tokens
+  // (press/scorer_kvzip.cpp) on top of it; 64 tokens cover the template around the copy.
+  if (t.repeats_context) {
     const int64_t need = n_prompt + std::min<int64_t>(n_prompt, 2048) + 64;
     if (need > n_ctx)
       throw invalid_request("kv_compression: press '" + o.name + "' needs about " + std::to_string(need) +
@@ -90,7 +65,7 @@ void check_prompt_fits_press(const PressOptions& o, int64_t n_prompt, int64_t n_
   }
 }
 
-std::string press_label(bool has_press, const PressOptions& o) { return has_press ? o.name : "none"; }
+std::string press_label(bool has_press, const PressSpec& o) { return has_press ? o.name : "none"; }
 
 std::vector<int32_t> prompt_tokens(const CompletionRequest& r, const Tokenizer& tok) {
   try {
@@ -120,11 +95,11 @@ std::unique_ptr<Job> prepare_job(const CompletionRequest& r, const Model& model,
   if (!r.has_seed) job->gen.sampling.seed = std::random_device{}() * 0x100000001ull + std::random_device{}();
   job->gen.stop = r.stop;
   job->gen.stop_at_eog = !r.ignore_eos;
-  job->has_press = resolve_press(r.kv_compression, d, job->press_options);
-  if (job->has_press) check_prompt_fits_press(job->press_options, n, n_ctx);
-  const std::string settings = press_settings_key(job->has_press, job->press_options);
-  if (job->has_press) job->first_press = presses.make(job->press_options, settings);
-  job->press_label = press_label(job->has_press, job->press_options);
+  job->has_press = resolve_press(r.kv_compression, d, job->press_spec);
+  if (job->has_press) check_prompt_fits_press(job->press_spec, n, n_ctx);
+  const std::string settings = press_settings_key(job->has_press, job->press_spec);
+  if (job->has_press) job->first_press = presses.make(job->press_spec, settings);
+  job->press_label = press_label(job->has_press, job->press_spec);
   job->press_key = settings + "|tenant=" + std::to_string(tenant);
   job->channel = std::make_shared<RequestChannel>();
   if (d.request_timeout_s > 0)

@@ -16,7 +16,7 @@ namespace kvzap::server {
 
 struct ServerDefaults {
   bool has_press = false;
-  PressOptions press;               // the server's --press settings
+  PressSpec press;               // the server's --press settings
   // Threshold presses judge a prompt every this many positions while prefilling it (serve
   // --prefill-evict-every), so a request holds about its pruned size, not its whole prompt; a request's
   // kv_compression.prefill_evict_every overrides it. Ratio presses judge whole contexts (0 for them).
@@ -34,7 +34,7 @@ class PressFactory {
   explicit PressFactory(const Model& model, size_t max_prototypes = kDefaultPrototypes)
       : model_(model), prototypes_(max_prototypes) {}
   // Throws ApiError 400 with make_press's message for unknown presses or bad settings.
-  std::unique_ptr<Press> make(const PressOptions& o, const std::string& key);
+  std::unique_ptr<Press> make(const PressSpec& o, const std::string& key);
   size_t n_prototypes() {
     std::lock_guard<std::mutex> lock(mu_);
     return prototypes_.size();
@@ -48,13 +48,13 @@ class PressFactory {
 
 // The effective press for a request: none, the server default, or the request's kv_compression on top.
 // Returns false for "no press". Throws ApiError on inconsistent settings.
-bool resolve_press(const std::optional<KvCompressionSpec>& spec, const ServerDefaults& d, PressOptions& out);
+bool resolve_press(const std::optional<KvCompressionSpec>& spec, const ServerDefaults& d, PressSpec& out);
 // Throws ApiError 400 when the press cannot work on this prompt: SnapKV's 64-token window, KVzip's
 // repeat pass that must fit the context (n_ctx). Such failures inside a batch step would be 500s that
 // end every request of the step.
-void check_prompt_fits_press(const PressOptions& o, int64_t n_prompt, int64_t n_ctx);
+void check_prompt_fits_press(const PressSpec& o, int64_t n_prompt, int64_t n_ctx);
 // A canonical text of the settings, for prefix reuse ("none" without a press).
-std::string press_settings_key(bool has_press, const PressOptions& o);
+std::string press_settings_key(bool has_press, const PressSpec& o);
 
 // The prompt's token ids, as `kvzap generate` builds them: chat -> the model's template (parsing
 // special tokens); completion text -> raw text with BOS per the model; completion ids -> as given.

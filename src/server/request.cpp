@@ -172,34 +172,11 @@ void parse_common(const json& body, const RequestLimits& limits, CompletionReque
 }  // namespace
 
 KvCompressionSpec parse_kv_compression(const json& v) {
-  if (!v.is_object()) wrong_type("kv_compression", "an object", v);
-  KvCompressionSpec s;
-  for (auto& [key, val] : v.items()) {
-    const std::string f = "kv_compression." + key;
-    if (key == "press") {
-      s.press = get_string(val, f);
-      if (s.press->empty()) throw invalid_request("'" + f + "' must not be empty (use \"none\" to disable compression)");
-    } else if (key == "threshold") {
-      s.threshold = get_number(val, f, -1e6, 1e6);
-    } else if (key == "ratio") {
-      s.ratio = get_number(val, f, 0, 1);
-      if (*s.ratio >= 1) throw invalid_request("'" + f + "' must be below 1 (the fraction of KV pairs to evict)");
-    } else if (key == "window") {
-      s.window = (int)get_integer(val, f, 0, 1 << 20);
-    } else if (key == "sink_tokens") {
-      s.sink_tokens = (int)get_integer(val, f, 0, 1 << 20);
-    } else if (key == "prefill_evict_every") {
-      s.prefill_evict_every = (int)get_integer(val, f, 0, 1 << 20);
-    } else if (key == "decoding") {
-      s.decoding = get_bool(val, f);
-    } else if (key == "sliding_layers") {
-      s.sliding_layers = get_bool(val, f);
-    } else {
-      throw invalid_request("unknown field '" + f + "' (expected press, threshold, ratio, window, sink_tokens, prefill_evict_every, decoding, sliding_layers)");
-    }
+  try {
+    return parse_press_spec_patch(v, "kv_compression", /*allow_host_paths=*/false);
+  } catch (const Error& e) {
+    throw invalid_request(e.what());
   }
-  if (s.threshold && s.ratio) throw invalid_request("'kv_compression' takes either 'threshold' or 'ratio', not both");
-  return s;
 }
 
 CompletionRequest parse_chat_request(const json& body, const RequestLimits& limits) {

@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "press/press_spec.h"
+
 #include "engine/sampler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -24,17 +26,9 @@ struct RequestLimits {
   size_t max_prompt_ids = 1 << 20;  // token ids in a token-array prompt
 };
 
-// The per-request `kv_compression` object; fields not given fall back to the server's default press.
-struct KvCompressionSpec {
-  std::optional<std::string> press;  // "none" disables compression for this request
-  std::optional<double> threshold;
-  std::optional<double> ratio;
-  std::optional<int> window;
-  std::optional<int> sink_tokens;  // threshold presses never evict the first N positions
-  std::optional<int> prefill_evict_every;  // threshold presses: judge the prompt every N positions (0 = at its end)
-  std::optional<bool> decoding;
-  std::optional<bool> sliding_layers;  // also prune sliding-window layers (Gemma 3's local layers)
-};
+// The per-request `kv_compression` object: a PressSpecPatch (press/press_spec.h); fields not given fall
+// back to the server's default press.
+using KvCompressionSpec = PressSpecPatch;
 
 enum class Endpoint { Chat, Completion };
 

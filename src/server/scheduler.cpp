@@ -95,7 +95,7 @@ void Scheduler::take_inbox() {
 
 std::unique_ptr<Press> Scheduler::make_job_press(Job& job) {
   if (job.first_press) return std::move(job.first_press);
-  return make_press(job.press_options, engine_.model());
+  return make_press(job.press_spec, engine_.model());
 }
 
 // Pages a request still feeding its prompt may take before it can free any: its next chunk when its
@@ -218,7 +218,7 @@ bool Scheduler::try_admit(std::unique_ptr<Job>& job) {
   a->prompt_end = a->feed.size();
   a->feed.insert(a->feed.end(), job->generated.begin(), job->generated.end());
   a->fresh_context = !hit;
-  a->evict_every = a->fresh_context && job->has_press ? job->press_options.prefill_evict_every : 0;
+  a->evict_every = a->fresh_context && job->has_press ? job->press_spec.prefill_evict_every : 0;
 
   const ModelConfig& cfg = engine_.model().config();
   const int64_t headroom = (int64_t)cfg.n_layer * cfg.n_head_kv;  // one fresh page per stream for decoding

@@ -37,7 +37,7 @@ inline void expect_same_cache(const KvCache& a, const KvCache& b) {
 // Prefills `context` under a press made from `po` and feeds `question`, once directly and once as a
 // replay of a recorded press-free prefill; caches and the question's last logits must be identical.
 // Returns the evicted fraction after the context (so callers can check the press really pruned).
-inline double expect_replay_matches_prefill(const Model& model, const EngineOptions& eo, const PressOptions& po,
+inline double expect_replay_matches_prefill(const Model& model, const EngineOptions& eo, const PressSpec& po,
                                             const std::vector<int32_t>& context, const std::vector<int32_t>& question) {
   Engine engine(model, eo);
   const int V = model.config().n_vocab;

@@ -146,7 +146,7 @@ CacheScores run_scorer(Scorer& s, const Context& x, int64_t step) {
 // Runs a scorer under the ratio policy; returns the kept positions per stream.
 std::vector<std::vector<std::vector<int32_t>>> run_ratio(std::unique_ptr<Scorer> s, const Context& x, double ratio,
                                                          const std::string& scope = "head", int64_t step = 1000000) {
-  PressOptions o;
+  PressSpec o;
   o.name = "test";
   o.has_ratio = true;
   o.ratio = ratio;
@@ -713,7 +713,7 @@ TEST(BaselineBudgets, PyramidKvSpansTheJudgedLayersOnly) {
   ModelConfig c = small_config();
   c.n_layer = 4;
   const Context x = make_context(c, 300, 17);
-  PressOptions o;
+  PressSpec o;
   o.name = "pyramidkv";
   o.has_ratio = true;
   o.ratio = 0.5;
@@ -857,7 +857,7 @@ TEST_F(BaselinesWithModel, RegistryHoldsEveryBaselineButNotNoPress) {
                         "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur", "compactor"})
     EXPECT_TRUE(names.count(n)) << n;
   EXPECT_FALSE(names.count("no_press"));
-  PressOptions o;
+  PressSpec o;
   o.name = "adakv_knorm";  // any press under AdaKV, by name
   o.has_ratio = true;
   o.ratio = 0.5;
@@ -887,7 +887,7 @@ TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
                            "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur",
                            "compactor", "adakv_keydiff"}) {
     SCOPED_TRACE(name);
-    PressOptions o;
+    PressSpec o;
     o.name = name;
     o.has_ratio = true;
     o.ratio = 0.5;

@@ -48,17 +48,17 @@ EngineOptions engine_options(int64_t n_batch) {
 
 // Every press of the registry under the ratio policy (kvpress's budget split), and the per-token ones
 // under the threshold policy as well, pruning while decoding with a small window.
-std::vector<PressOptions> every_press() {
-  std::vector<PressOptions> out;
+std::vector<PressSpec> every_press() {
+  std::vector<PressSpec> out;
   for (const ScorerEntry& e : scorer_registry()) {
-    PressOptions r;
+    PressSpec r;
     r.name = e.name;
     r.has_ratio = true;
     r.ratio = 0.5;
     r.ratio_scope = e.name == "kvzip" || e.name == "kvzip+" ? "global" : "head";
     out.push_back(r);
     if (!e.supports_threshold) continue;
-    PressOptions t;
+    PressSpec t;
     t.name = e.name;
     t.has_threshold = true;
     t.threshold = e.name == "random" ? 0.5 : e.name == "knorm" ? 0.0 : -4.0;  // knorm: -||k|| < 0 evicts all it judges
@@ -75,7 +75,7 @@ TEST(ContextRecording, ReplayUnderEveryPressMatchesAPrefill) {
   // The context as one step (how the sweep prefills) under every press, and in 64-token chunks under
   // the presses that watch every step (KVzip's repeat pass needs the whole context in one batch).
   for (int64_t n_batch : {(int64_t)512, (int64_t)64}) {
-    for (const PressOptions& po : every_press()) {
+    for (const PressSpec& po : every_press()) {
       if (n_batch < 512 && !po.has_threshold && po.name != "snapkv" && po.name != "observed_attention") continue;
       SCOPED_TRACE(po.name + (po.has_threshold ? " threshold" : " ratio") + " n_batch " + std::to_string(n_batch));
       const double evicted = test::expect_replay_matches_prefill(model(), engine_options(n_batch), po, context, question);

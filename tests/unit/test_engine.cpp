@@ -74,8 +74,8 @@ class EngineTest : public ::testing::Test {
     for (int64_t i = 0; (int64_t)p.size() < n_tokens; i++) p.push_back(all[1 + (index * 97 + i) % (all.size() - 1)]);
     return p;
   }
-  static PressOptions press_kind(int kind) {
-    PressOptions o;
+  static PressSpec press_kind(int kind) {
+    PressSpec o;
     if (kind == 1) {  // KVzap-MLP, pruning while decoding (small window so decoding really evicts)
       o.name = "kvzap-mlp";
       o.has_threshold = true;

@@ -89,8 +89,8 @@ struct TinySuite {
   }
 };
 
-PressOptions ratio_press(const std::string& name, double ratio) {
-  PressOptions o;
+PressSpec ratio_press(const std::string& name, double ratio) {
+  PressSpec o;
   o.name = name;
   o.has_ratio = true;
   o.ratio = ratio;
@@ -169,7 +169,7 @@ TEST(EvalRunner, RatioPressEvictsItsShareAndShrinksTheCache) {
   const PromptBuilder prompts(m.tokenizer());
   const TinySuite t(prompts);
   Session session(m, small_session(600));
-  const PressOptions knorm = ratio_press("knorm", 0.5);
+  const PressSpec knorm = ratio_press("knorm", 0.5);
   std::unique_ptr<Press> press = make_press(knorm, m);
   RunOptions quiet;
   quiet.quiet = true;
@@ -194,7 +194,7 @@ TEST(EvalRunner, SamplesOnOneContextShareAPrefillAndAnswerAsIfAlone) {
   quiet.quiet = true;
   // Without a press, and with KVzap-MLP pruning while decoding (a small window so the answer's own
   // tokens are judged): each question runs on its own fork of the compressed context.
-  PressOptions po;
+  PressSpec po;
   po.name = "kvzap-mlp";
   po.has_threshold = true;
   po.threshold = -4;
@@ -230,12 +230,12 @@ TEST(EvalRunner, TooSmallContextIsAUserError) {
 }
 
 TEST(EvalSweep, PlanPicksPoliciesPerPress) {
-  PressOptions base;
+  PressSpec base;
   base.window = 64;
   base.ratio_scope = "kvpress";
   const auto cells = plan_sweep({"knorm", "kvzap-mlp", "kvzip", "random:threshold"}, {0.25, 0.5}, {-4, -6}, base);
   std::vector<std::string> names;
-  for (const PressOptions& c : cells) names.push_back(cell_dir_name(&c));
+  for (const PressSpec& c : cells) names.push_back(cell_dir_name(&c));
   const std::vector<std::string> want = {"no_press",
                                          "knorm__ratio_0.25",
                                          "knorm__ratio_0.5",
@@ -279,7 +279,7 @@ TEST(EvalSweep, SecondRunSkipsFinishedCellsAndSuiteMismatchThrows) {
   Session session(m, small_session(600));
   const EvalSetup setup{m, session, prompts, t.samples, t.suite};
   TempDir dir;
-  PressOptions base;
+  PressSpec base;
   base.ratio_scope = "kvpress";
   const auto cells = plan_sweep({"knorm"}, {0.5}, {}, base);
   ASSERT_EQ(cells.size(), 2u);
@@ -378,7 +378,7 @@ TEST(EvalSweep, ShardsTogetherEqualTheUnshardedSweep) {
   const TinySuite t(prompts, {"niah_single_1", "niah_single_2"}, 300, 2);
   Session session(m, small_session(600));
   const EvalSetup setup{m, session, prompts, t.samples, t.suite};
-  PressOptions base;
+  PressSpec base;
   base.ratio_scope = "kvpress";
   const auto cells = plan_sweep({"knorm"}, {0.5}, {}, base);
   RunOptions quiet;
@@ -423,7 +423,7 @@ TEST(EvalSweep, SharedPrefillGivesTheCellByCellOutcomesAndResumesAPartialCell) {
   const std::vector<Sample>& samples = t.samples;
   Session session(m, small_session(600));
   const EvalSetup setup{m, session, prompts, samples, t.suite};
-  PressOptions base;
+  PressSpec base;
   base.ratio_scope = "kvpress";
   base.decoding = true;  // the KVzap cell keeps pruning while answering: its press is cloned per question
   base.window = 16;
@@ -446,7 +446,7 @@ TEST(EvalSweep, SharedPrefillGivesTheCellByCellOutcomesAndResumesAPartialCell) {
     }
     return by_sample;
   };
-  for (const PressOptions& c : cells) {
+  for (const PressSpec& c : cells) {
     SCOPED_TRACE(cell_dir_name(&c));
     const auto oa = outcomes(a.path() / cell_dir_name(&c)), ob = outcomes(b.path() / cell_dir_name(&c));
     ASSERT_EQ(oa.size(), samples.size());
@@ -493,6 +493,6 @@ TEST(EvalSweep, SharedPrefillGivesTheCellByCellOutcomesAndResumesAPartialCell) {
   nlohmann::json other = setup.suite;
   other["seed"] = 43;
   const EvalSetup mismatched{m, session, prompts, samples, other};
-  std::vector<PressOptions> only_kvzap = {cells[2]};
+  std::vector<PressSpec> only_kvzap = {cells[2]};
   EXPECT_THROW(run_sweep(mismatched, only_kvzap, b.str(), shared), Error);
 }

@@ -400,7 +400,7 @@ TEST(Gemma3, PressesLeaveSlidingLayersAloneByDefault) {
   for (bool sliding : {false, true}) {
     Engine engine(*t->model, small_engine(1));
     auto seq = engine.new_sequence();
-    PressOptions po;
+    PressSpec po;
     po.name = "knorm";
     po.has_ratio = true;
     po.ratio = 0.5;
@@ -438,7 +438,7 @@ TEST(Gemma3, ContextScorersJudgeTheGlobalLayers) {
   int n_context_scorers = 0;
   for (const ScorerEntry& e : scorer_registry()) {
     if (e.supports_threshold) continue;  // per-token scorers (KVzap, KNorm, random): covered above
-    PressOptions po;
+    PressSpec po;
     po.name = e.name;
     if (e.make(po, *t->model)->per_step()) continue;
     n_context_scorers++;
@@ -485,15 +485,15 @@ TEST(Gemma3, ReplayedContextMatchesAPrefillUnderAPress) {
   auto t = load({});
   const ModelConfig& c = t->model->config();
   const std::vector<int32_t> context = tokens(96, 8, c.n_vocab), question = tokens(12, 9, c.n_vocab);
-  std::vector<PressOptions> presses;
+  std::vector<PressSpec> presses;
   for (const char* name : {"snapkv", "kvzip", "knorm", "streaming_llm"}) {
-    PressOptions po;
+    PressSpec po;
     po.name = name;
     po.has_ratio = true;
     po.ratio = 0.5;
     presses.push_back(po);
   }
-  PressOptions rnd;
+  PressSpec rnd;
   rnd.name = "random";
   rnd.has_threshold = true;
   rnd.threshold = 0.5;
@@ -504,7 +504,7 @@ TEST(Gemma3, ReplayedContextMatchesAPrefillUnderAPress) {
   for (int64_t n_batch : {(int64_t)256, (int64_t)32}) {
     EngineOptions eo = small_engine(2);
     eo.n_batch = n_batch;
-    for (const PressOptions& po : presses) {
+    for (const PressSpec& po : presses) {
       if (n_batch < 256 && po.name == "kvzip") continue;  // its repeat pass needs the context in one batch
       SCOPED_TRACE(po.name + " n_batch " + std::to_string(n_batch));
       EXPECT_GT(test::expect_replay_matches_prefill(*t->model, eo, po, context, question), 0.0);

@@ -291,7 +291,7 @@ TEST_F(KvQuantModel, PressesRunOnAQuantisedCache) {
       so.n_ctx = 1024;
       so.kv_type = type;
       Session s(*model_, so);
-      PressOptions po;
+      PressSpec po;
       po.name = name;
       po.has_ratio = true;
       po.ratio = 0.5;

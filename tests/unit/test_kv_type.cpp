@@ -315,7 +315,7 @@ TEST_F(KvTypeTest, PressesRunOnAnF32Cache) {
     so.n_ctx = kCtx;
     so.kv_type = KvType::F32;
     Session s(*model_, so);
-    PressOptions po;
+    PressSpec po;
     po.name = name;
     po.has_ratio = true;
     po.ratio = 0.5;

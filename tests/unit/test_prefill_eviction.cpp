@@ -1,4 +1,4 @@
-// Eviction while prefilling (PressOptions::prefill_evict_every): a threshold press judges the context every
+// Eviction while prefilling (PressSpec::prefill_evict_every): a threshold press judges the context every
 // E positions instead of once at its end, so a request holds about kept + window + E entries per stream.
 // Checked on the default model (30 layers, 3 KV heads shared by 9 query heads: GQA) through the real
 // engine, for every per-token press of the registry:
@@ -61,8 +61,8 @@ class PrefillEviction : public ::testing::Test {
     return p;
   }
   // A threshold that evicts about half of the entries for each per-token press.
-  static PressOptions options(const std::string& name, int64_t every) {
-    PressOptions o;
+  static PressSpec options(const std::string& name, int64_t every) {
+    PressSpec o;
     o.name = name;
     o.has_threshold = true;
     o.threshold = name == "random" ? 0.5 : name == "knorm" ? -15 : -4;
@@ -86,7 +86,7 @@ class PrefillEviction : public ::testing::Test {
     int64_t peak_pages = 0;
   };
   // Prefills `ids` as one context in steps of the given sizes (cycled), as the server or CLI would.
-  static Result run(const PressOptions& opt, const std::vector<int32_t>& ids, const std::vector<int64_t>& chunks) {
+  static Result run(const PressSpec& opt, const std::vector<int32_t>& ids, const std::vector<int64_t>& chunks) {
     Engine engine(*model_, engine_options());
     auto seq = engine.new_sequence();
     seq->set_press(make_press(opt, *model_));
@@ -167,7 +167,7 @@ TEST_F(PrefillEviction, KeptSetDoesNotDependOnChunkingAndMatchesOneJudgmentWhere
 // at most window + E unjudged ones.
 TEST_F(PrefillEviction, StreamsHoldKeptPlusWindowPlusOneInterval) {
   const std::vector<int32_t> ids = prompt(500);
-  const PressOptions opt = options("random", 64);
+  const PressSpec opt = options("random", 64);
   Engine engine(*model_, engine_options());
   auto seq = engine.new_sequence();
   seq->set_press(make_press(opt, *model_));
@@ -198,7 +198,7 @@ TEST_F(PrefillEviction, StreamsHoldKeptPlusWindowPlusOneInterval) {
 }
 
 TEST_F(PrefillEviction, RatioPressesRefuseIt) {
-  PressOptions o;
+  PressSpec o;
   o.name = "snapkv";
   o.has_ratio = true;
   o.ratio = 0.5;

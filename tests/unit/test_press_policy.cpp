@@ -100,7 +100,7 @@ struct ThresholdSetup {
 ThresholdSetup make_threshold(ScoreFn fn, double threshold, int window, bool decoding) {
   auto s = std::make_unique<FakeScorer>(std::move(fn));
   FakeScorer* raw = s.get();
-  PressOptions opt;
+  PressSpec opt;
   opt.name = "fake";
   opt.has_threshold = true;
   opt.threshold = threshold;
@@ -135,7 +135,7 @@ TEST(ThresholdPolicy, SinkTokensAreNeverEvicted) {
   const ScoreFn low = [](int, int, int32_t) { return -10.0f; };
   for (int sinks : {0, 1, 4}) {
     auto s = std::make_unique<FakeScorer>(low);
-    PressOptions opt;
+    PressSpec opt;
     opt.name = "fake";
     opt.has_threshold = true;
     opt.threshold = 0.0;
@@ -152,7 +152,7 @@ TEST(ThresholdPolicy, SinkTokensAreNeverEvicted) {
       for (int h = 0; h < kH; h++) EXPECT_EQ(kept(cache, l, h), want) << sinks << " sinks, " << l << " " << h;
     EXPECT_EQ(press.n_evicted(), (int64_t)kL * kH * (32 - sinks));
   }
-  PressOptions bad;
+  PressSpec bad;
   bad.sink_tokens = -1;
   EXPECT_THROW(ThresholdPress(std::make_unique<FakeScorer>(low), bad), Error);
 }
@@ -322,7 +322,7 @@ struct RatioSetup {
 RatioSetup make_ratio(ScoreFn fn, double ratio, const std::string& scope) {
   auto s = std::make_unique<FakeScorer>(std::move(fn));
   FakeScorer* raw = s.get();
-  PressOptions opt;
+  PressSpec opt;
   opt.name = "fake";
   opt.has_ratio = true;
   opt.ratio = ratio;
@@ -520,8 +520,8 @@ class PressWithModel : public ::testing::Test {
     }
     return all;
   }
-  static PressOptions threshold_opt(const std::string& name, double t, int window = 128, bool decoding = false) {
-    PressOptions o;
+  static PressSpec threshold_opt(const std::string& name, double t, int window = 128, bool decoding = false) {
+    PressSpec o;
     o.name = name;
     o.has_threshold = true;
     o.threshold = t;
@@ -529,15 +529,15 @@ class PressWithModel : public ::testing::Test {
     o.decoding = decoding;
     return o;
   }
-  static PressOptions ratio_opt(const std::string& name, double r, const std::string& scope = "global") {
-    PressOptions o;
+  static PressSpec ratio_opt(const std::string& name, double r, const std::string& scope = "global") {
+    PressSpec o;
     o.name = name;
     o.has_ratio = true;
     o.ratio = r;
     o.ratio_scope = scope;
     return o;
   }
-  static std::string error_of(const PressOptions& o) {
+  static std::string error_of(const PressSpec& o) {
     try {
       make_press(o, *model_);
     } catch (const Error& e) {
@@ -554,10 +554,10 @@ TEST_F(PressWithModel, OptionsAreValidated) {
   for (const char* name : {"knorm", "random", "streaming_llm", "kvzap-linear", "kvzap-mlp"})
     EXPECT_NE(unknown.find(name), std::string::npos) << unknown;
 
-  PressOptions both = ratio_opt("knorm", 0.5);
+  PressSpec both = ratio_opt("knorm", 0.5);
   both.has_threshold = true;
   EXPECT_NE(error_of(both).find("exactly one"), std::string::npos);
-  PressOptions neither;
+  PressSpec neither;
   neither.name = "knorm";
   EXPECT_NE(error_of(neither).find("exactly one"), std::string::npos);
   EXPECT_NE(error_of(threshold_opt("streaming_llm", 0.0)).find("cannot use a threshold"), std::string::npos);
@@ -567,7 +567,7 @@ TEST_F(PressWithModel, OptionsAreValidated) {
   EXPECT_NE(error_of(ratio_opt("knorm", 0.5, "heads")).find("scope"), std::string::npos);
   EXPECT_NE(error_of(threshold_opt("knorm", 0.0, -1)).find("window"), std::string::npos);
   EXPECT_NE(error_of(threshold_opt("knorm", std::nan(""))).find("threshold"), std::string::npos);
-  PressOptions ratio_decoding = ratio_opt("knorm", 0.5);
+  PressSpec ratio_decoding = ratio_opt("knorm", 0.5);
   ratio_decoding.decoding = true;
   EXPECT_NE(error_of(ratio_decoding).find("threshold"), std::string::npos);
 
@@ -579,7 +579,7 @@ TEST_F(PressWithModel, OptionsAreValidated) {
 TEST_F(PressWithModel, KvzapUsesTheShippedSurrogateOrNamesTheMissingOne) {
   // SmolLM2's surrogates ship in data/surrogates: both presses build without --surrogate.
   for (const char* name : {"kvzap-linear", "kvzap-mlp"}) EXPECT_EQ(error_of(threshold_opt(name, -4.0)), "") << name;
-  PressOptions missing = threshold_opt("kvzap-linear", -4.0);
+  PressSpec missing = threshold_opt("kvzap-linear", -4.0);
   missing.surrogate_dir = "/nonexistent/kvzap-surrogate";
   EXPECT_NE(error_of(missing).find("/nonexistent/kvzap-surrogate"), std::string::npos);
 }
@@ -732,10 +732,10 @@ TEST_F(PressWithModel, KvzapSurrogateScoresMapToTheirHeads) {
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("kvzap_test_surrogate_" + std::to_string(::getpid()));
   Surrogate(c.n_embd, c.n_head_kv, 0, layers).save(dir.string());
-  PressOptions opt = threshold_opt("kvzap-linear", -1.0, 8);
+  PressSpec opt = threshold_opt("kvzap-linear", -1.0, 8);
   opt.surrogate_dir = dir.string();
   auto press = make_press(opt, *model_);
-  PressOptions wrong_kind = opt;
+  PressSpec wrong_kind = opt;
   wrong_kind.name = "kvzap-mlp";
   const std::string e = error_of(wrong_kind);
   std::filesystem::remove_all(dir);

@@ -159,7 +159,7 @@ TEST(ServerHostileRequest, UnsupportedSamplingFieldsAreRefused) {
 }
 
 TEST(ServerHostileRequest, SnapKvPressesNeedAPromptLongerThanTheirWindow) {
-  PressOptions o;
+  PressSpec o;
   o.has_ratio = true;
   o.ratio = 0.5;
   for (const char* name : {"snapkv", "adakv_snapkv", "chunkkv", "pyramidkv"}) {

@@ -86,7 +86,7 @@ TEST(ServerRequest, KvCompressionSlidingLayers) {
   ASSERT_TRUE(r.kv_compression && r.kv_compression->sliding_layers);
   EXPECT_TRUE(*r.kv_compression->sliding_layers);
   ServerDefaults d;
-  kvzap::PressOptions with, without;
+  kvzap::PressSpec with, without;
   ASSERT_TRUE(resolve_press(r.kv_compression, d, with));
   EXPECT_TRUE(with.sliding_layers);
   r.kv_compression->sliding_layers = false;
@@ -108,7 +108,7 @@ TEST(ServerRequest, KvCompressionSinkTokens) {
   ASSERT_TRUE(r.kv_compression && r.kv_compression->sink_tokens);
   EXPECT_EQ(*r.kv_compression->sink_tokens, 4);
   ServerDefaults d;
-  kvzap::PressOptions with, without;
+  kvzap::PressSpec with, without;
   ASSERT_TRUE(resolve_press(r.kv_compression, d, with));
   EXPECT_EQ(with.sink_tokens, 4);
   r.kv_compression->sink_tokens = 0;

@@ -23,6 +23,7 @@
 #include "model/model.h"
 #include "press/kvzip.h"
 #include "press/kvzip_math.h"
+#include "press/surrogate.h"
 #include "train/dataset.h"
 #include "train/targets.h"
 #include "format/gguf.h"

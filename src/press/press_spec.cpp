@@ -1,0 +1,159 @@
+#include "press/press_spec.h"
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "kvzap/error.h"
+
+namespace kvzap {
+namespace {
+
+using nlohmann::json;
+
+const char* type_name(const json& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number_integer() || v.is_number_unsigned()) return "an integer";
+  if (v.is_number_float()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "an array";
+  return "an object";
+}
+
+[[noreturn]] void wrong_type(const std::string& field, const char* expected, const json& v) {
+  throw Error("'" + field + "' must be " + expected + ", got " + type_name(v));
+}
+
+double number_in(const json& v, const std::string& field, double lo, double hi) {
+  if (!v.is_number()) wrong_type(field, "a number", v);
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi)
+    throw Error("'" + field + "' must be between " + json(lo).dump() + " and " + json(hi).dump() + ", got " + v.dump());
+  return x;
+}
+
+int64_t integer_in(const json& v, const std::string& field, int64_t lo, int64_t hi) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > (uint64_t)hi || (lo > 0 && u < (uint64_t)lo))
+      throw Error("'" + field + "' must be between " + std::to_string(lo) + " and " + std::to_string(hi) + ", got " + v.dump());
+    return (int64_t)u;
+  }
+  if (!v.is_number_integer()) wrong_type(field, "an integer", v);
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi)
+    throw Error("'" + field + "' must be between " + std::to_string(lo) + " and " + std::to_string(hi) + ", got " + v.dump());
+  return x;
+}
+
+bool boolean(const json& v, const std::string& field) {
+  if (!v.is_boolean()) wrong_type(field, "a boolean", v);
+  return v.get<bool>();
+}
+
+std::string text(const json& v, const std::string& field) {
+  if (!v.is_string()) wrong_type(field, "a string", v);
+  return v.get<std::string>();
+}
+
+}  // namespace
+
+PressSpecPatch parse_press_spec_patch(const json& v, const std::string& where, bool allow_host_paths) {
+  if (!v.is_object()) wrong_type(where, "an object", v);
+  PressSpecPatch s;
+  for (auto& [key, val] : v.items()) {
+    const std::string f = where + "." + key;
+    if (key == "press") {
+      s.press = text(val, f);
+      if (s.press->empty()) throw Error("'" + f + "' must not be empty (use \"none\" for no press)");
+    } else if (key == "threshold") {
+      s.threshold = number_in(val, f, -1e6, 1e6);
+    } else if (key == "ratio") {
+      s.ratio = number_in(val, f, 0, 1);
+      if (*s.ratio >= 1) throw Error("'" + f + "' must be below 1 (the fraction of KV pairs to evict)");
+    } else if (key == "ratio_scope") {
+      s.ratio_scope = text(val, f);
+      if (*s.ratio_scope != "global" && *s.ratio_scope != "layer" && *s.ratio_scope != "head" && *s.ratio_scope != "adakv")
+        throw Error("'" + f + "' must be one of global, layer, head, adakv, got " + val.dump());
+    } else if (key == "window") {
+      s.window = (int)integer_in(val, f, 0, 1 << 20);
+    } else if (key == "sink_tokens") {
+      s.sink_tokens = (int)integer_in(val, f, 0, 1 << 20);
+    } else if (key == "prefill_evict_every") {
+      s.prefill_evict_every = (int)integer_in(val, f, 0, 1 << 20);
+    } else if (key == "decoding") {
+      s.decoding = boolean(val, f);
+    } else if (key == "sliding_layers") {
+      s.sliding_layers = boolean(val, f);
+    } else if (key == "seed") {
+      s.seed = (uint64_t)integer_in(val, f, 0, std::numeric_limits<int64_t>::max());
+    } else if (key == "surrogate" && allow_host_paths) {
+      s.surrogate = text(val, f);
+    } else {
+      throw Error("unknown field '" + f + "' (expected press, threshold, ratio, ratio_scope, window, sink_tokens, " +
+                  "prefill_evict_every, decoding, sliding_layers, seed" + (allow_host_paths ? ", surrogate" : "") + ")");
+    }
+  }
+  if (s.threshold && s.ratio) throw Error("'" + where + "' takes either 'threshold' or 'ratio', not both");
+  return s;
+}
+
+PressSpec press_spec_apply(const PressSpec& base, const PressSpecPatch& p) {
+  PressSpec out = base;
+  if (p.press && *p.press != base.name) {
+    out = PressSpec{};
+    out.name = *p.press;
+  }
+  if (p.threshold) out.has_threshold = true, out.threshold = *p.threshold, out.has_ratio = false;
+  if (p.ratio) out.has_ratio = true, out.ratio = *p.ratio, out.has_threshold = false;
+  if (p.ratio_scope) out.ratio_scope = *p.ratio_scope;
+  if (p.window) out.window = *p.window;
+  if (p.sink_tokens) out.sink_tokens = *p.sink_tokens;
+  if (p.prefill_evict_every) out.prefill_evict_every = *p.prefill_evict_every;
+  if (p.decoding) out.decoding = *p.decoding;
+  if (p.sliding_layers) out.sliding_layers = *p.sliding_layers;
+  if (p.surrogate) out.surrogate_dir = *p.surrogate;
+  if (p.seed) out.seed = *p.seed;
+  return out;
+}
+
+PressSpec press_spec_from_json(const json& v, const std::string& where, bool allow_host_paths) {
+  const PressSpecPatch p = parse_press_spec_patch(v, where, allow_host_paths);
+  if (!p.press) throw Error("'" + where + ".press' is required");
+  return press_spec_apply(PressSpec{}, p);
+}
+
+json press_spec_to_json(const PressSpec& s) {
+  json j = {{"press", s.name},
+            {"ratio_scope", s.ratio_scope},
+            {"window", s.window},
+            {"sink_tokens", s.sink_tokens},
+            {"prefill_evict_every", s.prefill_evict_every},
+            {"decoding", s.decoding},
+            {"sliding_layers", s.sliding_layers},
+            {"seed", s.seed}};
+  if (s.has_threshold) j["threshold"] = s.threshold;
+  if (s.has_ratio) j["ratio"] = s.ratio;
+  if (!s.surrogate_dir.empty()) j["surrogate"] = s.surrogate_dir;
+  return j;
+}
+
+std::string press_spec_key(const PressSpec* s) {
+  if (!s) return "none";
+  auto exact = [](double v) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    return std::string(buf);
+  };
+  // Built as a string, not into a fixed buffer: a long surrogate path must not truncate the key.
+  return s->name + "|t=" + std::to_string((int)s->has_threshold) + ":" + exact(s->threshold) +
+         "|r=" + std::to_string((int)s->has_ratio) + ":" + exact(s->ratio) + "|scope=" + s->ratio_scope +
+         "|w=" + std::to_string(s->window) + "|sink=" + std::to_string(s->sink_tokens) +
+         "|every=" + std::to_string(s->prefill_evict_every) + "|dec=" + std::to_string((int)s->decoding) +
+         "|slide=" + std::to_string((int)s->sliding_layers) + "|sur=" + s->surrogate_dir + "|seed=" + std::to_string(s->seed);
+}
+
+}  // namespace kvzap

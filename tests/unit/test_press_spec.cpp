@@ -1,0 +1,146 @@
+// PressSpec (press/press_spec.h): one press configuration for every front end. Each front end is shown to
+// deliver every field: the JSON form (the C API and Python package), the server's kv_compression on top of
+// its default press, and the CLI's flags (through the real binary's `generate --json`). The canonical key
+// tells every field apart, so caches, slots and the prefix cache never mix two settings.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kvzap/error.h"
+#include "press/press_spec.h"
+#include "server/api_error.h"
+#include "server/prepare.h"
+#include "server/request.h"
+#include "test_support.h"
+
+namespace kvzap {
+namespace {
+
+using nlohmann::json;
+
+// A spec whose every field differs from PressSpec{}.
+json every_field() {
+  return {{"press", "random"},     {"threshold", 0.25},       {"ratio_scope", "layer"}, {"window", 7},
+          {"sink_tokens", 3},      {"prefill_evict_every", 5}, {"decoding", true},       {"sliding_layers", true},
+          {"surrogate", "/tmp/s"}, {"seed", 9}};
+}
+
+void expect_every_field(const PressSpec& s, bool with_surrogate = true) {
+  EXPECT_EQ(s.name, "random");
+  EXPECT_TRUE(s.has_threshold);
+  EXPECT_FALSE(s.has_ratio);
+  EXPECT_EQ(s.threshold, 0.25);
+  EXPECT_EQ(s.ratio_scope, "layer");
+  EXPECT_EQ(s.window, 7);
+  EXPECT_EQ(s.sink_tokens, 3);
+  EXPECT_EQ(s.prefill_evict_every, 5);
+  EXPECT_TRUE(s.decoding);
+  EXPECT_TRUE(s.sliding_layers);
+  if (with_surrogate) EXPECT_EQ(s.surrogate_dir, "/tmp/s");
+  EXPECT_EQ(s.seed, 9u);
+}
+
+TEST(PressSpec, JsonDeliversEveryFieldAndRoundTrips) {
+  const PressSpec s = press_spec_from_json(every_field());
+  expect_every_field(s);
+  const PressSpec back = press_spec_from_json(press_spec_to_json(s));
+  EXPECT_EQ(press_spec_key(&back), press_spec_key(&s));
+  PressSpec r;
+  r.name = "snapkv";
+  r.has_ratio = true;
+  r.ratio = 0.5;
+  const PressSpec rb = press_spec_from_json(press_spec_to_json(r));
+  EXPECT_TRUE(rb.has_ratio && !rb.has_threshold);
+  EXPECT_EQ(press_spec_key(&rb), press_spec_key(&r));
+}
+
+TEST(PressSpec, KeyChangesWithEveryField) {
+  const PressSpec base = press_spec_from_json(every_field());
+  const std::vector<std::function<void(PressSpec&)>> changes = {
+      [](PressSpec& s) { s.name = "knorm"; },          [](PressSpec& s) { s.threshold = 0.5; },
+      [](PressSpec& s) { s.has_threshold = false; },   [](PressSpec& s) { s.has_ratio = true; },
+      [](PressSpec& s) { s.ratio = 0.3; },             [](PressSpec& s) { s.ratio_scope = "head"; },
+      [](PressSpec& s) { s.window = 8; },              [](PressSpec& s) { s.sink_tokens = 4; },
+      [](PressSpec& s) { s.prefill_evict_every = 6; }, [](PressSpec& s) { s.decoding = false; },
+      [](PressSpec& s) { s.sliding_layers = false; },  [](PressSpec& s) { s.surrogate_dir = "/tmp/t"; },
+      [](PressSpec& s) { s.seed = 10; },
+  };
+  for (size_t i = 0; i < changes.size(); i++) {
+    PressSpec c = base;
+    changes[i](c);
+    EXPECT_NE(press_spec_key(&c), press_spec_key(&base)) << "change " << i;
+  }
+  EXPECT_EQ(press_spec_key(nullptr), "none");
+  // A long surrogate path is not truncated away.
+  PressSpec a = base, b = base;
+  a.surrogate_dir = std::string(600, 'x') + "a";
+  b.surrogate_dir = std::string(600, 'x') + "b";
+  EXPECT_NE(press_spec_key(&a), press_spec_key(&b));
+}
+
+TEST(PressSpec, JsonErrorsNameTheField) {
+  auto message = [](const json& j) {
+    try {
+      press_spec_from_json(j);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({{"threshold", 1}}).find("'press.press' is required"), std::string::npos);
+  EXPECT_NE(message({{"press", "knorm"}, {"window", -1}}).find("press.window"), std::string::npos);
+  EXPECT_NE(message({{"press", "knorm"}, {"ratio", 1.5}}).find("press.ratio"), std::string::npos);
+  EXPECT_NE(message({{"press", "knorm"}, {"ratio", 0.5}, {"threshold", 1}}).find("either"), std::string::npos);
+  EXPECT_NE(message({{"press", "knorm"}, {"ratio_scope", "planet"}}).find("press.ratio_scope"), std::string::npos);
+  EXPECT_NE(message({{"press", "knorm"}, {"bogus", 1}}).find("unknown field 'press.bogus'"), std::string::npos);
+  EXPECT_NE(message({{"press", "knorm"}, {"decoding", "yes"}}).find("press.decoding"), std::string::npos);
+  EXPECT_NE(message(json::array()).find("an object"), std::string::npos);
+}
+
+// The server: kv_compression reaches every field of the press, on top of the server's default, and a
+// client cannot name a folder on the host.
+TEST(PressSpec, ServerKvCompressionDeliversEveryFieldButHostPaths) {
+  json kv = every_field();
+  kv.erase("surrogate");
+  const server::CompletionRequest r = server::parse_chat_request(
+      {{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"kv_compression", kv}}, server::RequestLimits{});
+  server::ServerDefaults d;
+  d.has_press = true;
+  d.press.name = "random";
+  d.press.surrogate_dir = "/srv/surrogates";  // the operator's, kept for the same press
+  PressSpec out;
+  ASSERT_TRUE(server::resolve_press(r.kv_compression, d, out));
+  expect_every_field(out, /*with_surrogate=*/false);
+  EXPECT_EQ(out.surrogate_dir, "/srv/surrogates");
+  try {
+    server::parse_chat_request({{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"kv_compression", every_field()}},
+                               server::RequestLimits{});
+    ADD_FAILURE() << "a client named a surrogate folder";
+  } catch (const server::ApiError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_NE(std::string(e.what()).find("kv_compression.surrogate"), std::string::npos) << e.what();
+  }
+}
+
+// The CLI: every press flag arrives in the spec the command runs (printed by `generate --json`).
+TEST(PressSpec, CliFlagsDeliverEveryField) {
+  const std::string model = test::default_model_path();
+  ASSERT_TRUE(std::filesystem::exists(model)) << "run `kvzap pull`";
+  const test::CommandResult r = test::run_kvzap(
+      "generate -t 2 -p 'Hello there' -n 1 --json --press random --threshold 0.25 --ratio-scope layer --window 7 "
+      "--sink-tokens 3 --prefill-evict-every 5 --decode-press --press-sliding-layers --surrogate /tmp/s --press-seed 9");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json j = json::parse(r.out);
+  ASSERT_TRUE(j.contains("press_spec")) << r.out;
+  const PressSpec s = press_spec_from_json(j["press_spec"]);
+  expect_every_field(s);
+  EXPECT_EQ(j["press_key"].get<std::string>(), press_spec_key(&s));
+}
+
+}  // namespace
+}  // namespace kvzap
