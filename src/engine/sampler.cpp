@@ -6,19 +6,12 @@
 namespace kvzap {
 
 Sampler::Sampler(const SamplerOptions& opt, int n_vocab) : opt_(opt), n_vocab_(n_vocab) {
-  state_ = opt.seed ^ 0x9e3779b97f4a7c15ull;
+  rng_ = SplitMix64(opt.seed ^ 0x9e3779b97f4a7c15ull);
   cand_.reserve(n_vocab);
   prob_.reserve(n_vocab);
 }
 
-double Sampler::uniform() {
-  // splitmix64: fixed output on every platform, unlike std:: distributions.
-  uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return (double)(z >> 11) * (1.0 / 9007199254740992.0);
-}
+double Sampler::uniform() { return rng_.uniform01(); }  // common/rng.h: the same draws on every platform
 
 int32_t Sampler::argmax(const float* logits, int n) {
   int32_t best = 0;

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/rng.h"
+
 namespace kvzap {
 
 struct SamplerOptions {
@@ -24,7 +26,7 @@ class Sampler {
   double uniform();  // [0, 1)
   SamplerOptions opt_;
   int n_vocab_;
-  uint64_t state_;
+  SplitMix64 rng_{0};
   std::vector<std::pair<float, int32_t>> cand_;  // scratch [n_vocab]
   std::vector<double> prob_;                     // scratch [n_vocab]
 };

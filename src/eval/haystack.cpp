@@ -8,7 +8,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "eval/rng.h"
+#include "common/rng.h"
 #include "kvzap/error.h"
 
 namespace kvzap::eval {

@@ -14,7 +14,7 @@
 #include <unordered_set>
 
 #include "eval/haystack.h"
-#include "eval/rng.h"
+#include "common/rng.h"
 #include "kvzap/error.h"
 #include "tokenizer/chat_prompt.h"
 

@@ -15,7 +15,7 @@
 // O(log N) times per sample and the result is the largest unit count that fits.
 //
 // Determinism: every sample is a pure function of (seed, task, N, sample index, data files,
-// token counter). Randomness comes from eval/rng.h only.
+// token counter). Randomness comes from common/rng.h only.
 #pragma once
 #include <cstdint>
 #include <functional>

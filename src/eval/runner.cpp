@@ -16,7 +16,7 @@
 #include <unordered_map>
 
 #include "engine/context_recording.h"
-#include "eval/rng.h"
+#include "common/rng.h"
 #include "kvzap/error.h"
 #include "model/model.h"
 #include "press/policy.h"

@@ -11,6 +11,7 @@
 #include "kvzap/error.h"
 #include "model/blocks.h"
 #include "press/kvzip_math.h"
+#include "common/rng.h"
 
 namespace kvzap {
 
@@ -237,11 +238,11 @@ void WindowQueries::push(const LayerStep& step) {
 }
 
 std::vector<double> gaussian_sketch(uint64_t seed, int layer, int head, int d, int k) {
-  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + (uint64_t)layer * 1000003ull + (uint64_t)head);
-  std::normal_distribution<double> normal(0.0, 1.0);
+  // common/rng.h draws: the same sketch with every standard library (std::normal_distribution is not).
+  Rng rng(seed * 0x9E3779B97F4A7C15ull + (uint64_t)layer * 1000003ull + (uint64_t)head);
   std::vector<double> phi((size_t)d * k);
   const double scale = 1.0 / std::sqrt((double)k);
-  for (double& x : phi) x = normal(rng) * scale;
+  for (double& x : phi) x = standard_normal(rng) * scale;
   return phi;
 }
 

@@ -1,6 +1,6 @@
 // "random" (docs/ALGORITHMS.md §8.1, kvpress RandomPress): uniform scores in [0, 1). Each score is a hash of
 // (seed, layer, head, position), so it does not depend on how the tokens were split into steps.
-#include "eval/rng.h"
+#include "common/rng.h"
 #include "press/press.h"
 
 namespace kvzap {
@@ -13,9 +13,9 @@ class RandomScorer : public Scorer {
   void score_step(const LayerStep& step, const KvCache& cache, float* out) override {
     const int H = cache.n_head_kv();
     for (int h = 0; h < H; h++) {
-      const uint64_t stream = eval::hash_combine(eval::hash_combine(seed_, (uint64_t)step.layer), (uint64_t)h);
+      const uint64_t stream = hash_combine(hash_combine(seed_, (uint64_t)step.layer), (uint64_t)h);
       for (int64_t t = 0; t < step.n_tok; t++) {
-        const uint64_t bits = eval::hash_combine(stream, (uint64_t)(uint32_t)step.pos[t]);
+        const uint64_t bits = hash_combine(stream, (uint64_t)(uint32_t)step.pos[t]);
         out[(size_t)h * step.n_tok + t] = (float)(bits >> 40) * (1.0f / 16777216.0f);  // 24 bits -> [0, 1)
       }
     }

@@ -10,16 +10,12 @@
 
 #include "kernels/thread_pool.h"
 #include "kvzap/error.h"
+#include "common/rng.h"
 
 namespace kvzap {
 namespace {
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+uint64_t splitmix64(uint64_t x) { return mix64(x); }  // common/rng.h
 
 // Uniform in [0, 1) from 53 random bits (portable, unlike std::uniform_real_distribution).
 double uniform01(std::mt19937_64& rng) { return double(rng() >> 11) * 0x1.0p-53; }

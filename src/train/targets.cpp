@@ -12,6 +12,7 @@
 #include "kernels/thread_pool.h"
 #include "kvzap/error.h"
 #include "tokenizer/chat_prompt.h"
+#include "common/rng.h"
 
 namespace kvzap {
 
@@ -19,12 +20,7 @@ namespace {
 
 constexpr const char* kRepeatInstruction = "\n\nRepeat the previous context exactly.";
 
-uint64_t splitmix64(uint64_t& s) {
-  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+uint64_t splitmix64(uint64_t& s) { return splitmix64_next(s); }  // common/rng.h
 
 // Uniform integer in [0, n) (n > 0), rejection-free enough for our sizes (bias < n / 2^64).
 uint64_t below(uint64_t& s, uint64_t n) { return (uint64_t)(((unsigned __int128)splitmix64(s) * n) >> 64); }

@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "eval/haystack.h"
-#include "eval/rng.h"
+#include "common/rng.h"
 #include "eval/ruler.h"
 #include "format/gguf.h"
 #include "kvzap/error.h"

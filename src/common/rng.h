@@ -1,17 +1,19 @@
-// Portable, seeded randomness for the eval suite generator.
+// Portable, seeded randomness: the one RNG module of the tree (the eval suite, the sampler, the random
+// press, training splits, sketches).
 //
 // Every draw goes through this file so that the same seed gives the same bytes with any compiler
-// and standard library: std::uniform_int_distribution / std::shuffle are implementation-defined,
-// so they are never used here. Bounded integers use rejection sampling (no modulo bias), shuffles
+// and standard library: std::uniform_int_distribution / std::normal_distribution / std::shuffle are
+// implementation-defined, so they are never used. Bounded integers use rejection sampling (no modulo bias), shuffles
 // are Fisher-Yates from the back.
 #pragma once
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 #include <utility>
 #include <vector>
 
-namespace kvzap::eval {
+namespace kvzap {
 
 // SplitMix64 finaliser: a bijective 64-bit mixer (Steele, Lea, Flood 2014 constants).
 inline uint64_t mix64(uint64_t x) {
@@ -101,4 +103,38 @@ class Rng {
   uint64_t s_[4];
 };
 
-}  // namespace kvzap::eval
+// The SplitMix64 sequence as a stream: next() returns mix64(state) and advances state by the golden
+// gamma, the generator the sampler, the targets' sampling and the training splits use.
+inline uint64_t splitmix64_next(uint64_t& state) {
+  const uint64_t r = mix64(state);
+  state += 0x9e3779b97f4a7c15ull;
+  return r;
+}
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t state) : s_(state) {}
+  uint64_t next() { return splitmix64_next(s_); }
+  double uniform01() { return (double)(next() >> 11) * 0x1.0p-53; }  // [0, 1), 53 random bits
+  uint64_t state() const { return s_; }
+
+ private:
+  uint64_t s_;
+};
+
+// A standard normal draw from two uniforms (Box-Muller, the cosine branch): the same value everywhere,
+// unlike std::normal_distribution.
+template <class Gen>
+double standard_normal(Gen& g) {
+  const double u1 = 1.0 - g.uniform01();  // (0, 1]: log(u1) is finite
+  const double u2 = g.uniform01();
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+namespace eval {
+using kvzap::fnv1a64;
+using kvzap::hash_combine;
+using kvzap::mix64;
+using kvzap::Rng;
+}  // namespace eval
+
+}  // namespace kvzap
