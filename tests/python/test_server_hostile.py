@@ -415,3 +415,59 @@ def test_slow_small_bodies_do_not_hold_workers(server):
     finally:
         for s in socks:
             s.close()
+
+
+# 10,000 concurrent keep-alive connections (as many as the file-descriptor limit allows): idle sockets wait
+# in the gate, not in a worker, so /health answers within a second meanwhile, every connection can still be
+# used, and the memory they held is returned once they close.
+def test_ten_thousand_concurrent_connections():
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 10_000
+    limit = hard if hard != resource.RLIM_INFINITY else want + 1000
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(limit, want + 1000), hard))  # the server inherits it
+    n = min(want, min(limit, want + 1000) - 300)
+    if n < want:
+        print(f"\nSKIPPED (in part): {n} connections, not {want}: RLIMIT_NOFILE hard limit {hard}")
+    s = Server("-c", "256", "--max-conns-per-client", str(want + 100), "--header-timeout", "60")
+    socks = []
+    try:
+        assert health_s(s) < 1.0
+        baseline = rss_bytes(s.proc.pid)
+        t0 = time.time()
+        for _ in range(n):
+            socks.append(socket.create_connection(("127.0.0.1", s.port), timeout=10))
+        opened = time.time() - t0
+        deadline = time.time() + 30
+        while s.metrics().get("kvzap:http_connections_open", 0) < n and time.time() < deadline:
+            time.sleep(0.2)
+        m = s.metrics()
+        assert m["kvzap:http_connections_open"] >= n, m.get("kvzap:http_connections_open")
+        times = sorted(health_s(s) for _ in range(50))
+        p99 = times[int(len(times) * 0.99) - 1]
+        # Keep-alive requests on a spread of the idle connections are answered.
+        for k in socks[:: max(1, n // 100)]:
+            k.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        answered = 0
+        for k in socks[:: max(1, n // 100)]:
+            data = k.recv(4096)
+            answered += data.startswith(b"HTTP/1.1 200")
+        held = rss_bytes(s.proc.pid)
+        for k in socks:
+            k.close()
+        socks = []
+        deadline = time.time() + 30
+        while s.metrics().get("kvzap:http_connections_open", 0) > 1 and time.time() < deadline:
+            time.sleep(0.2)
+        time.sleep(0.5)  # the gate returns freed memory on its next sweep (every 100 ms)
+        after = rss_bytes(s.proc.pid)
+        print(f"\n{n} connections opened in {opened:.1f} s; /health p50 {times[len(times) // 2] * 1000:.1f} ms, "
+              f"p99 {p99 * 1000:.1f} ms; RSS {baseline / MIB:.1f} -> {held / MIB:.1f} (held) -> {after / MIB:.1f} MiB (closed)")
+        assert p99 < 1.0
+        assert answered == len(range(0, n, max(1, n // 100)))
+        assert s.metrics()["kvzap:http_connections_open"] <= 1
+        assert after < baseline * 1.1, (baseline, after)
+    finally:
+        for k in socks:
+            k.close()
+        assert s.stop() == 0, s.log_text()
