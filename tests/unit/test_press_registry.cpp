@@ -21,18 +21,8 @@ namespace {
 
 using namespace kvzap;
 
-using KeptSet = std::vector<std::vector<int32_t>>;
-
-KeptSet kept_positions(const KvCache& c) {
-  KeptSet r;
-  for (int l = 0; l < c.n_layer(); l++)
-    for (int h = 0; h < c.n_head_kv(); h++) {
-      std::vector<int32_t> p;
-      for (int64_t i = 0; i < c.length(l, h); i++) p.push_back(c.position_at(l, h, i));
-      r.push_back(std::move(p));
-    }
-  return r;
-}
+using test::KeptSet;
+using test::kept_positions;
 
 int32_t argmax(const float* x, int n) { return (int32_t)(std::max_element(x, x + n) - x); }
 

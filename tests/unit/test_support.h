@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/kv_cache.h"
 #include "kernels/matmul.h"
 
 namespace kvzap::test {
@@ -70,6 +71,19 @@ inline CommandResult run_kvzap(const std::string& args) {
   r.err = slurp(base + ".err");
   std::filesystem::remove(base + ".out");
   std::filesystem::remove(base + ".err");
+  return r;
+}
+
+// Kept positions of every (layer, KV head) stream of a cache, stream order layer-major.
+using KeptSet = std::vector<std::vector<int32_t>>;
+inline KeptSet kept_positions(const KvCache& c) {
+  KeptSet r;
+  for (int l = 0; l < c.n_layer(); l++)
+    for (int h = 0; h < c.n_head_kv(); h++) {
+      std::vector<int32_t> p;
+      for (int64_t i = 0; i < c.length(l, h); i++) p.push_back(c.position_at(l, h, i));
+      r.push_back(std::move(p));
+    }
   return r;
 }
 
