@@ -504,7 +504,15 @@ void HttpServer::listen() {
   GateLimits g;
   g.header_timeout = std::chrono::seconds(impl_->opt.header_timeout_s);
   g.max_per_client = impl_->opt.max_conns_per_client;
-  impl_->http.start_gate(g, (size_t)impl_->opt.threads, &impl_->metrics);
+  // Large bodies are read by the gate only for requests the screen would let through (key and size
+  // from the raw headers), so an unauthenticated client cannot make the server buffer anything.
+  Impl* impl = impl_.get();
+  impl_->http.start_gate(g, (size_t)impl_->opt.threads, &impl_->metrics, [impl](std::string_view head, uint64_t length) {
+    if (length > impl->opt.max_body_bytes) return false;
+    if (!impl->opt.keys.enabled()) return true;
+    const std::string auth(GatedServer::header_value(head, "authorization")), key(GatedServer::header_value(head, "x-api-key"));
+    return impl->opt.keys.match(ApiKeys::from_headers(auth, key)) >= 0;
+  });
   impl_->http.listen_after_bind();
 }
 void HttpServer::stop() {

@@ -471,3 +471,56 @@ def test_ten_thousand_concurrent_connections():
         for k in socks:
             k.close()
         assert s.stop() == 0, s.log_text()
+
+
+# Bodies larger than the socket's receive queue (here 200 KB and 900 KB, over the gate's 64 KiB peek) sent
+# slowly after a whole header: the gate reads them itself within its byte budget, so they hold no worker;
+# once the budget is full the rest wait unread. Meanwhile small requests, /health and a large body sent at
+# full speed are answered at once, and a wrong key is refused from the headers.
+def test_slow_large_bodies_do_not_hold_workers():
+    s = Server("-c", "256", "--max-body", "1MiB", api_key=KEY)
+    socks = []
+
+    def slow(n, length, key=KEY):
+        head = (f"POST /tokenize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {length}\r\n\r\n").encode()
+        for _ in range(n):
+            k = socket.create_connection(("127.0.0.1", s.port), timeout=5)
+            k.sendall(head + b'{"content": "' + b"a" * 1000)  # and the rest never comes
+            socks.append(k)
+
+    try:
+        baseline = rss_bytes(s.proc.pid)
+        slow(150, 200_000)  # more than the HTTP workers (76 by default)
+        time.sleep(0.5)
+        t = time.time()
+        r = httpx.post(s.url + "/tokenize", json={"content": "owls"}, headers=AUTH, timeout=10)
+        assert r.status_code == 200 and time.time() - t < 1.0, time.time() - t
+        t = time.time()
+        big = httpx.post(s.url + "/tokenize", json={"content": "owl " * 60_000}, headers=AUTH, timeout=10)
+        assert big.status_code == 200 and len(big.json()["tokens"]) >= 60_000, big.text[:200]
+        assert time.time() - t < 5.0
+        # A wrong key: refused from the headers, the body never read.
+        data, closed = raw_request(s, (f"POST /tokenize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\n"
+                                       f"Content-Length: 500000\r\n\r\n").encode(), b"x" * 100)
+        assert status_of(data) == 401 and closed
+        for k in socks:
+            k.close()
+        socks.clear()
+        slow(100, 900_000)  # 90 MB declared: past the gate's 64 MiB budget, the rest wait unread
+        time.sleep(0.5)
+        times = sorted(health_s(s) for _ in range(20))
+        assert times[-1] < 1.0, times
+        r = httpx.post(s.url + "/tokenize", json={"content": "owls"}, headers=AUTH, timeout=10)
+        assert r.status_code == 200
+        for k in socks:
+            k.close()
+        socks.clear()
+        time.sleep(1.0)
+        after = rss_bytes(s.proc.pid)
+        print(f"\nslow large bodies: /health max {times[-1] * 1000:.1f} ms; RSS {baseline / MIB:.1f} -> {after / MIB:.1f} MiB")
+        assert after < baseline * 1.1 + 8 * MIB, (baseline, after)
+    finally:
+        for k in socks:
+            k.close()
+        assert s.stop() == 0, s.log_text()
