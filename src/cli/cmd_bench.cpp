@@ -8,6 +8,7 @@
 #include "engine/engine.h"
 
 #include "cli/cli_common.h"
+#include "kernels/read_bandwidth.h"
 #include "kernels/matmul.h"
 #include "model/blocks.h"
 #include "press/surrogate.h"
@@ -20,6 +21,7 @@ struct BenchArgs {
   int64_t prefill = 512, decode = 128;
   int reps = 3;
   bool json = false;
+  bool read_bandwidth = false;            // also measure the machine's read bandwidth: decode as a share of it
   std::vector<double> keep;               // decode speed with the cache cut to these fractions
   std::vector<std::string> surrogates;    // scorer overhead of these surrogate folders
   std::vector<int> parallel;              // aggregate throughput with this many concurrent sequences
@@ -349,18 +351,25 @@ int run_bench(BenchArgs a) {
   // Bytes read per decoded token: every weight matrix plus the average KV prefix during the run.
   const double kv_avg = (double)s.engine().kv_bytes_per_token() * (a.prefill + a.decode / 2.0);
   const double gbs = (model->weight_bytes() + kv_avg) * tg / 1e9;
+  // The roofline: 1 GiB (far past any last-level cache) summed by the same threads, best of 10 passes.
+  ReadBandwidth bw;
+  if (a.read_bandwidth) bw = measure_read_bandwidth(s.engine().threads(), (size_t)1 << 30, 10);
   if (a.json) {
     nlohmann::json j{{"prefill_tokens", a.prefill}, {"decode_tokens", a.decode}, {"prefill_tok_s", pp},
                      {"decode_tok_s", tg}, {"bandwidth_gb_s", gbs}, {"threads", s.n_threads()},
                      {"kv_type", kv_type_name(s.engine().kv_type())},
                      {"isa", isa_name(active_isa())}, {"weight_bytes", model->weight_bytes()}, {"reps", a.reps},
                      {"decode_with_smaller_cache", keep_json}, {"scorer_overhead", sur_json}};
+    if (a.read_bandwidth) j["read_bandwidth_gb_s"] = bw.gb_per_s, j["decode_share_of_read_bandwidth"] = gbs / bw.gb_per_s;
     std::printf("%s\n", json_dump(j).c_str());
   } else {
     std::printf("model: %s (%s)\nthreads: %d, isa: %s, KV cache: %s\n", model->config().name.c_str(),
                 model->config().arch.c_str(), s.n_threads(), isa_name(active_isa()), kv_type_name(s.engine().kv_type()));
     std::printf("prefill %lld tokens: %.1f tok/s\n", (long long)a.prefill, pp);
     std::printf("decode  %lld tokens: %.1f tok/s  (%.2f GB/s of weights + KV)\n", (long long)a.decode, tg, gbs);
+    if (a.read_bandwidth)
+      std::printf("read bandwidth (1 GiB, %d threads, best of 10): %.1f GB/s; decode reads %.0f%% of it\n", s.n_threads(),
+                  bw.gb_per_s, 100 * gbs / bw.gb_per_s);
     for (const auto& k : keep_json)
       std::printf("decode with %.0f%% of the cache: %.1f tok/s (%.2fx the full cache; KV %.2f of %.2f MB)\n",
                   100 * k["keep"].get<double>(), k["decode_tok_s"].get<double>(), k["ratio_vs_full"].get<double>(),
@@ -386,6 +395,8 @@ RegisterCommand reg("bench", "measure prefill and decode speed", [](CLI::App& su
   sub.add_option("--decode", a->decode, "generated tokens")->check(CLI::Range((int64_t)1, (int64_t)1 << 20));
   sub.add_option("--reps", a->reps, "repetitions (best is reported)")->check(CLI::Range(1, 1000));
   sub.add_flag("--json", a->json, "print JSON");
+  sub.add_flag("--read-bandwidth", a->read_bandwidth,
+               "also measure this machine's read bandwidth (STREAM-style, 1 GiB) and report decode as a share of it");
   sub.add_option("--keep", a->keep, "also time decoding after cutting the cache to these fractions (e.g. 0.5 0.25)")
       ->check(CLI::Range(0.0, 1.0));
   sub.add_option("--surrogate", a->surrogates, "also time these KVzap surrogate folders against the prefill");

@@ -8,9 +8,13 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/read_bandwidth.h"
 #include "kernels/thread_pool.h"
 
 using kvzap::ThreadPool;
+using kvzap::ReadBandwidth;
+using kvzap::measure_read_bandwidth;
+using kvzap::sum_reference;
 
 TEST(ThreadPool, EveryIndexRunsExactlyOnce) {
   for (int nth : {1, 2, 3, 4}) {
@@ -110,4 +114,18 @@ TEST(ThreadPool, DefaultThreadsIsPositiveAndBounded) {
   if (hc > 0) {
     EXPECT_LE(n, (int)hc);
   }
+}
+
+// kernels/read_bandwidth: the timed sum reads the whole buffer (its checksum equals the scalar
+// reference's) and the figure is a finite positive rate.
+TEST(ReadBandwidth, SumsTheWholeBufferAndGivesARate) {
+  ThreadPool pool(2);
+  const size_t bytes = (size_t)3 << 20;  // not a multiple of 16 floats per thread slice after the split
+  const ReadBandwidth r = measure_read_bandwidth(pool, bytes + 12, 2);
+  const size_t n = (bytes + 12) / sizeof(float);
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; i++) x[i] = (float)(i & 7);
+  EXPECT_DOUBLE_EQ(r.checksum, sum_reference(x.data(), n));
+  EXPECT_GT(r.gb_per_s, 0.01);
+  EXPECT_LT(r.gb_per_s, 1e5);
 }
