@@ -43,7 +43,7 @@ python3 -m pytest -q tests/python/test_server*.py || pytest_rc=$?
 if [ "$pytest_rc" -ne 0 ]; then failed=$((failed + 1)); echo "!! FAILED: server tests (pytest exit $pytest_rc)"; fi
 # Sanitizer jobs (scripts/test_sanitizers.sh, docs/RELIABILITY.md): the whole suite under ASan+UBSan, the
 # threaded parts and the server tests under TSan, each in its own build folder. Off unless
-# KVZAP_SANITIZERS=1 (or a job list: KVZAP_SANITIZERS=asan,tsan); .ci/run sets KVZAP_SANITIZERS=asan
+# KVZAP_SANITIZERS=1 (or a job list: KVZAP_SANITIZERS=asan,tsan); .ci/run sets KVZAP_SANITIZERS=asan,tsan
 # (docs/RELIABILITY.md: cold-cache times; CI must finish within 90 minutes on 2 cores).
 san="${KVZAP_SANITIZERS:-0}"
 if [ "$san" != 0 ]; then

@@ -267,10 +267,7 @@ void Sequence::reset() {
 void Sequence::start_generation(const GenerationOptions& opt) {
   gen_ = opt;
   sampler_ = std::make_unique<Sampler>(opt.sampling, engine_.model().config().n_vocab);
-  utf8_ = Utf8Stream();
-  pending_.clear();
-  max_stop_ = 0;
-  for (const std::string& s : gen_.stop) max_stop_ = std::max(max_stop_, s.size());
+  stops_ = StopMatcher(gen_.stop);
   n_generated_ = 0;
   generated_.clear();
 }
@@ -279,9 +276,7 @@ TokenEvent Sequence::sample_next() {
   if (!sampler_) throw Error("internal: sample_next before start_generation");
   TokenEvent ev;
   auto finish = [&](const char* reason) {
-    pending_ += utf8_.flush();
-    ev.text += pending_;
-    pending_.clear();
+    ev.text += stops_.flush();
     ev.finished = true;
     ev.finish_reason = reason;
     return ev;
@@ -293,22 +288,9 @@ TokenEvent Sequence::sample_next() {
   ev.id = id;
   generated_.push_back(id);
   n_generated_++;
-  pending_ += utf8_.push(tok.token_bytes(id, /*skip_special=*/false));
-  bool hit_stop = false;
-  for (const std::string& s : gen_.stop) {
-    const size_t at = pending_.find(s);
-    if (!s.empty() && at != std::string::npos) {
-      pending_.resize(at);
-      hit_stop = true;
-    }
-  }
-  if (hit_stop) return finish("stop");
-  // Hold back only what could still become a stop string, never splitting a UTF-8 sequence.
-  const size_t hold = std::min(pending_.size(), max_stop_ > 0 ? max_stop_ - 1 : 0);
-  size_t out = pending_.size() - hold;
-  while (out > 0 && out < pending_.size() && ((unsigned char)pending_[out] & 0xC0) == 0x80) out--;
-  ev.text = pending_.substr(0, out);
-  pending_.erase(0, out);
+  StopMatcher::Piece piece = stops_.push(tok.token_bytes(id, /*skip_special=*/false));
+  ev.text = std::move(piece.text);
+  if (piece.stopped) return finish("stop");
   if (cache_.n_past() + 1 > engine_.n_ctx()) return finish("context");
   return ev;
 }

@@ -21,6 +21,7 @@
 #include "cache/kv_cache.h"
 #include "cache/page_pool.h"
 #include "engine/sampler.h"
+#include "engine/stop_matcher.h"
 #include "model/forward.h"
 #include "press/press.h"
 #include "tokenizer/tokenizer.h"
@@ -206,9 +207,7 @@ class Sequence {
   // Generation state.
   GenerationOptions gen_;
   std::unique_ptr<Sampler> sampler_;
-  Utf8Stream utf8_;
-  std::string pending_;  // decoded text not yet released (may be the start of a stop string)
-  size_t max_stop_ = 0;
+  StopMatcher stops_;
   int n_generated_ = 0;
   std::vector<int32_t> generated_;
 };

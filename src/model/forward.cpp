@@ -151,9 +151,20 @@ void Forward::replay_step(const RecordedStep& rs, KvCache& cache, LayerObserver*
 }
 
 void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
-  const ModelWeights& w = model_.weights();
-  const int64_t E = cfg_.n_embd, D = cfg_.head_dim, H = cfg_.n_head, Hkv = cfg_.n_head_kv;
-  const int64_t Dq = H * D, Dkv = Hkv * D, F = cfg_.n_ff, V = cfg_.n_vocab;
+  const int64_t n = check_step(segs, n_segs);
+  if (n == 0) return;
+  lay_out_rows(segs, n_segs, n);
+  plan_attention(segs, n_segs);
+  embed_rows(segs, n_segs, n);
+  for (int l = 0; l < cfg_.n_layer; l++) {
+    attention_block(l, segs, n_segs, n);
+    ffn_block(l, n);
+  }
+  for (int s = 0; s < n_segs; s++) segs[s].cache->set_n_past(pos_[seg_row0_[s]] + segs[s].n);
+  write_logits(segs, n_segs);
+}
+
+int64_t Forward::check_step(const ForwardSegment* segs, int n_segs) {
   int64_t n = 0;
   for (int s = 0; s < n_segs; s++) {
     const ForwardSegment& sg = segs[s];
@@ -168,8 +179,11 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
     if (sg.cache->layer_windows() != windows_) sg.cache->set_layer_windows(windows_);
     n += sg.n;
   }
-  if (n == 0) return;
   if (n > max_batch_) throw Error("internal: a step of " + std::to_string(n) + " tokens exceeds the batch size");
+  return n;
+}
+
+void Forward::lay_out_rows(const ForwardSegment* segs, int n_segs, int64_t n) {
   ensure_batch(n);
   if (seg_row0_.size() < (size_t)n_segs) {
     seg_row0_.resize((size_t)n_segs);
@@ -182,40 +196,44 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
     for (int64_t t = 0; t < segs[s].n; t++) pos_[row + t] = (int32_t)(pos0 + t);
     row += (int)segs[s].n;
   }
-  // Attention tasks, the same for every layer. Decode steps of few sequences have too few tasks for the
-  // threads, so a KV head's query heads may be split into g_split tasks (the head's pages stay in cache
-  // between them). Splitting balances the threads but converts each K/V page once per task instead of
-  // once for the whole group: pick the divisor of G with the least modelled time, where a task over
-  // `rows` query rows costs (one page conversion + rows * per-row work) and tasks run in rounds of
-  // n_threads. A row's result does not depend on which rows share its task.
-  {
-    const int64_t G = cfg_.n_group();
-    int64_t n_blocks = 0;
-    for (int s = 0; s < n_segs; s++) n_blocks += (segs[s].n + kQueryBlock - 1) / kQueryBlock;
-    const int64_t nth = pool_.size();
-    int64_t g_split = 1;
-    double best_cost = 1e300;
-    for (int64_t gs = 1; gs <= G; gs++) {
-      if (G % gs) continue;
-      const int64_t tasks = Hkv * n_blocks * gs, rounds = (tasks + nth - 1) / nth;
-      const double cost = (double)rounds * (1.0 + 1.5 * (double)(G / gs));  // conversion : per-row work
-      if (cost < best_cost) best_cost = cost, g_split = gs;
-    }
-    const int64_t g_per = G / g_split;
-    att_tasks_.clear();
-    for (int s = 0; s < n_segs; s++)
-      for (int64_t hk = 0; hk < Hkv; hk++)
-        for (int64_t gs = 0; gs < g_split; gs++)
-          for (int64_t t0 = 0; t0 < segs[s].n; t0 += kQueryBlock)
-            att_tasks_.push_back({s, (int32_t)hk, (int32_t)(gs * g_per), (int32_t)((gs + 1) * g_per), t0,
-                                  std::min<int64_t>(segs[s].n, t0 + kQueryBlock)});
-    bool decode_only = true;
-    for (int s = 0; s < n_segs; s++) decode_only = decode_only && segs[s].n == 1;
-    att_split_step_ = decode_only && nth > 1 && (int64_t)att_tasks_.size() <= kMaxSplitTasksPerThread * nth &&
-                      !split_blocks_.empty();
-  }
+}
 
-  // Embedding rows.
+// Attention tasks, the same for every layer. Decode steps of few sequences have too few tasks for the
+// threads, so a KV head's query heads may be split into g_split tasks (the head's pages stay in cache
+// between them). Splitting balances the threads but converts each K/V page once per task instead of
+// once for the whole group: pick the divisor of G with the least modelled time, where a task over
+// `rows` query rows costs (one page conversion + rows * per-row work) and tasks run in rounds of
+// n_threads. A row's result does not depend on which rows share its task.
+void Forward::plan_attention(const ForwardSegment* segs, int n_segs) {
+  const int64_t G = cfg_.n_group(), Hkv = cfg_.n_head_kv;
+  int64_t n_blocks = 0;
+  for (int s = 0; s < n_segs; s++) n_blocks += (segs[s].n + kQueryBlock - 1) / kQueryBlock;
+  const int64_t nth = pool_.size();
+  int64_t g_split = 1;
+  double best_cost = 1e300;
+  for (int64_t gs = 1; gs <= G; gs++) {
+    if (G % gs) continue;
+    const int64_t tasks = Hkv * n_blocks * gs, rounds = (tasks + nth - 1) / nth;
+    const double cost = (double)rounds * (1.0 + 1.5 * (double)(G / gs));  // conversion : per-row work
+    if (cost < best_cost) best_cost = cost, g_split = gs;
+  }
+  const int64_t g_per = G / g_split;
+  att_tasks_.clear();
+  for (int s = 0; s < n_segs; s++)
+    for (int64_t hk = 0; hk < Hkv; hk++)
+      for (int64_t gs = 0; gs < g_split; gs++)
+        for (int64_t t0 = 0; t0 < segs[s].n; t0 += kQueryBlock)
+          att_tasks_.push_back({s, (int32_t)hk, (int32_t)(gs * g_per), (int32_t)((gs + 1) * g_per), t0,
+                                std::min<int64_t>(segs[s].n, t0 + kQueryBlock)});
+  bool decode_only = true;
+  for (int s = 0; s < n_segs; s++) decode_only = decode_only && segs[s].n == 1;
+  att_split_step_ = decode_only && nth > 1 && (int64_t)att_tasks_.size() <= kMaxSplitTasksPerThread * nth &&
+                    !split_blocks_.empty();
+}
+
+void Forward::embed_rows(const ForwardSegment* segs, int n_segs, int64_t n) {
+  const WeightMatrix& embd = model_.weights().token_embd;
+  const int64_t E = cfg_.n_embd;
   pool_.parallel_for(n, [&](int64_t t, int) {
     int32_t tok = 0;
     for (int s = n_segs - 1; s >= 0; s--)
@@ -223,115 +241,128 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
         tok = segs[s].tokens[t - seg_row0_[s]];
         break;
       }
-    dequantize_row(w.token_embd.type, w.token_embd.data + (size_t)tok * w.token_embd.row_stride, &x_[t * E], E);
+    dequantize_row(embd.type, embd.data + (size_t)tok * embd.row_stride, &x_[t * E], E);
     if (cfg_.embd_scale != 1.0f)
       for (int64_t i = 0; i < E; i++) x_[t * E + i] *= cfg_.embd_scale;
   });
+}
 
-  for (int l = 0; l < cfg_.n_layer; l++) {
-    const LayerWeights& L = w.layers[l];
-    // Observers' read-outs of h: segment s's rows at readout_[readout_at_[s] ..], [n][readout_dim_[s]].
-    int64_t readout_total = 0;
-    for (int s = 0; s < n_segs; s++) {
-      readout_dim_[s] = segs[s].observer ? segs[s].observer->h_readout_dim(l) : 0;
-      readout_at_[s] = readout_total;
-      readout_total += segs[s].n * readout_dim_[s];
-    }
-    if ((int64_t)readout_.size() < readout_total) readout_.resize((size_t)readout_total);  // grows once
-    // Contiguous rows per thread: read-out rows are a few floats, and neighbours written by different
-    // threads would share cache lines.
-    // The read-out runs on blocks of up to kReadoutRows rows of one segment, right after their norm.
-    pool_.parallel_ranges(n, [&](int64_t t0, int64_t t1, int) {
-      constexpr int64_t kReadoutRows = 8;
-      for (int64_t b0 = t0; b0 < t1;) {
-        int s = n_segs - 1;
-        while (b0 < seg_row0_[s]) s--;
-        const int64_t b1 = std::min({t1, b0 + kReadoutRows, seg_row0_[s] + segs[s].n});
-        for (int64_t t = b0; t < b1; t++) rmsnorm(&x_[t * E], L.attn_norm, &xn_[t * E], E, cfg_.rms_eps);
-        if (readout_dim_[s] > 0)
-          segs[s].observer->h_readout(l, &xn_[b0 * E], b1 - b0,
-                                      &readout_[readout_at_[s] + (b0 - seg_row0_[s]) * readout_dim_[s]]);
-        b0 = b1;
-      }
-    });
-    {
-      const WeightMatrix* ws[3] = {&L.wq, &L.wk, &L.wv};
-      float* ys[3] = {q_.data(), k_.data(), v_.data()};
-      matmul_group(ws, ys, 3, xn_.data(), n, pool_, mm_scratch_);
-    }
-    pool_.parallel_for(n, [&](int64_t t, int) {
-      float* q = &q_[t * Dq];
-      float* k = &k_[t * Dkv];
-      float* v = &v_[t * Dkv];
-      if (L.bq) {
-        for (int64_t i = 0; i < Dq; i++) q[i] += L.bq[i];
-        for (int64_t i = 0; i < Dkv; i++) k[i] += L.bk[i];
-        for (int64_t i = 0; i < Dkv; i++) v[i] += L.bv[i];
-      }
-      if (L.q_norm) {
-        for (int64_t h = 0; h < H; h++) rmsnorm(q + h * D, L.q_norm, q + h * D, D, cfg_.rms_eps);
-        for (int64_t h = 0; h < Hkv; h++) rmsnorm(k + h * D, L.k_norm, k + h * D, D, cfg_.rms_eps);
-      }
-      const float* c = rope_cos(pos_[t], l);
-      const float* s = rope_sin(pos_[t], l);
-      for (int64_t h = 0; h < H; h++) rope_apply(q + h * D, c, s, (int)D, cfg_.rope_mode);
-      for (int64_t h = 0; h < Hkv; h++) rope_apply(k + h * D, c, s, (int)D, cfg_.rope_mode);
-    });
-    for (int s = 0; s < n_segs; s++) {
-      const int64_t r0 = seg_row0_[s];
-      segs[s].cache->append_layer(l, segs[s].n, &k_[r0 * Dkv], &v_[r0 * Dkv], &pos_[r0]);
-    }
-    attention(l, segs, n_segs);
-    for (int s = 0; s < n_segs; s++) {
-      if (!segs[s].observer) continue;
-      const int64_t r0 = seg_row0_[s];
-      LayerStep st;
-      st.layer = l;
-      st.n_tok = segs[s].n;
-      st.pos = &pos_[r0];
-      st.h = &xn_[r0 * E];
-      st.q = &q_[r0 * Dq];
-      st.k = &k_[r0 * Dkv];
-      st.v = &v_[r0 * Dkv];
-      st.pool = &pool_;
-      st.h_readout = readout_dim_[s] > 0 ? &readout_[readout_at_[s]] : nullptr;
-      segs[s].cache->set_n_past(pos_[r0] + segs[s].n);  // observers see the sequence length including this step
-      segs[s].observer->after_attention(st, *segs[s].cache);
-    }
-    // Sliding-window layer: free what no later query of the sequence can see.
-    if (cfg_.layers[(size_t)l].is_sliding())
-      for (int s = 0; s < n_segs; s++) segs[s].cache->drop_outside_window(l, pos_[seg_row0_[s]] + segs[s].n);
-    matmul(L.wo, attn_.data(), n, proj_.data(), pool_, mm_scratch_);
-    pool_.parallel_for(n, [&](int64_t t, int) {
-      float* x = &x_[t * E];
-      float* p = &proj_[t * E];
-      if (L.attn_post_norm) rmsnorm(p, L.attn_post_norm, p, E, cfg_.rms_eps);
-      for (int64_t i = 0; i < E; i++) x[i] += p[i];
-      rmsnorm(x, L.ffn_norm, &xn_[t * E], E, cfg_.rms_eps);
-    });
-    {
-      const WeightMatrix* ws[2] = {&L.gate, &L.up};
-      float* ys[2] = {gate_.data(), up_.data()};
-      matmul_group(ws, ys, 2, xn_.data(), n, pool_, mm_scratch_);
-    }
-    if (cfg_.ffn_act == FfnActivation::GeluTanh)
-      pool_.parallel_for(n, [&](int64_t t, int) { geglu(&gate_[t * F], &up_[t * F], F); });
-    else if (cfg_.ffn_act == FfnActivation::GeluTanhF16)
-      pool_.parallel_for(n, [&](int64_t t, int) { geglu_f16_table(&gate_[t * F], &up_[t * F], F); });
-    else
-      pool_.parallel_for(n, [&](int64_t t, int) { swiglu(&gate_[t * F], &up_[t * F], F); });
-    matmul(L.down, gate_.data(), n, proj_.data(), pool_, mm_scratch_);
-    pool_.parallel_for(n, [&](int64_t t, int) {
-      float* x = &x_[t * E];
-      float* p = &proj_[t * E];
-      if (L.ffn_post_norm) rmsnorm(p, L.ffn_post_norm, p, E, cfg_.rms_eps);
-      for (int64_t i = 0; i < E; i++) x[i] += p[i];
-    });
+// Norm (with the observers' read-outs), Q/K/V, RoPE, the K/V append, attention, the observers, the
+// sliding-window frees, the output projection into the residual stream, and the FFN norm into xn_.
+void Forward::attention_block(int l, const ForwardSegment* segs, int n_segs, int64_t n) {
+  const LayerWeights& L = model_.weights().layers[l];
+  const int64_t E = cfg_.n_embd, D = cfg_.head_dim, H = cfg_.n_head, Hkv = cfg_.n_head_kv;
+  const int64_t Dq = H * D, Dkv = Hkv * D;
+  // Observers' read-outs of h: segment s's rows at readout_[readout_at_[s] ..], [n][readout_dim_[s]].
+  int64_t readout_total = 0;
+  for (int s = 0; s < n_segs; s++) {
+    readout_dim_[s] = segs[s].observer ? segs[s].observer->h_readout_dim(l) : 0;
+    readout_at_[s] = readout_total;
+    readout_total += segs[s].n * readout_dim_[s];
   }
-  for (int s = 0; s < n_segs; s++) segs[s].cache->set_n_past(pos_[seg_row0_[s]] + segs[s].n);
+  if ((int64_t)readout_.size() < readout_total) readout_.resize((size_t)readout_total);  // grows once
+  // Contiguous rows per thread: read-out rows are a few floats, and neighbours written by different
+  // threads would share cache lines. The read-out runs on blocks of up to kReadoutRows rows of one
+  // segment, right after their norm.
+  pool_.parallel_ranges(n, [&](int64_t t0, int64_t t1, int) {
+    constexpr int64_t kReadoutRows = 8;
+    for (int64_t b0 = t0; b0 < t1;) {
+      int s = n_segs - 1;
+      while (b0 < seg_row0_[s]) s--;
+      const int64_t b1 = std::min({t1, b0 + kReadoutRows, seg_row0_[s] + segs[s].n});
+      for (int64_t t = b0; t < b1; t++) rmsnorm(&x_[t * E], L.attn_norm, &xn_[t * E], E, cfg_.rms_eps);
+      if (readout_dim_[s] > 0)
+        segs[s].observer->h_readout(l, &xn_[b0 * E], b1 - b0,
+                                    &readout_[readout_at_[s] + (b0 - seg_row0_[s]) * readout_dim_[s]]);
+      b0 = b1;
+    }
+  });
+  {
+    const WeightMatrix* ws[3] = {&L.wq, &L.wk, &L.wv};
+    float* ys[3] = {q_.data(), k_.data(), v_.data()};
+    matmul_group(ws, ys, 3, xn_.data(), n, pool_, mm_scratch_);
+  }
+  pool_.parallel_for(n, [&](int64_t t, int) {
+    float* q = &q_[t * Dq];
+    float* k = &k_[t * Dkv];
+    float* v = &v_[t * Dkv];
+    if (L.bq) {
+      for (int64_t i = 0; i < Dq; i++) q[i] += L.bq[i];
+      for (int64_t i = 0; i < Dkv; i++) k[i] += L.bk[i];
+      for (int64_t i = 0; i < Dkv; i++) v[i] += L.bv[i];
+    }
+    if (L.q_norm) {
+      for (int64_t h = 0; h < H; h++) rmsnorm(q + h * D, L.q_norm, q + h * D, D, cfg_.rms_eps);
+      for (int64_t h = 0; h < Hkv; h++) rmsnorm(k + h * D, L.k_norm, k + h * D, D, cfg_.rms_eps);
+    }
+    const float* c = rope_cos(pos_[t], l);
+    const float* s = rope_sin(pos_[t], l);
+    for (int64_t h = 0; h < H; h++) rope_apply(q + h * D, c, s, (int)D, cfg_.rope_mode);
+    for (int64_t h = 0; h < Hkv; h++) rope_apply(k + h * D, c, s, (int)D, cfg_.rope_mode);
+  });
+  for (int s = 0; s < n_segs; s++) {
+    const int64_t r0 = seg_row0_[s];
+    segs[s].cache->append_layer(l, segs[s].n, &k_[r0 * Dkv], &v_[r0 * Dkv], &pos_[r0]);
+  }
+  attention(l, segs, n_segs);
+  for (int s = 0; s < n_segs; s++) {
+    if (!segs[s].observer) continue;
+    const int64_t r0 = seg_row0_[s];
+    LayerStep st;
+    st.layer = l;
+    st.n_tok = segs[s].n;
+    st.pos = &pos_[r0];
+    st.h = &xn_[r0 * E];
+    st.q = &q_[r0 * Dq];
+    st.k = &k_[r0 * Dkv];
+    st.v = &v_[r0 * Dkv];
+    st.pool = &pool_;
+    st.h_readout = readout_dim_[s] > 0 ? &readout_[readout_at_[s]] : nullptr;
+    segs[s].cache->set_n_past(pos_[r0] + segs[s].n);  // observers see the sequence length including this step
+    segs[s].observer->after_attention(st, *segs[s].cache);
+  }
+  // Sliding-window layer: free what no later query of the sequence can see.
+  if (cfg_.layers[(size_t)l].is_sliding())
+    for (int s = 0; s < n_segs; s++) segs[s].cache->drop_outside_window(l, pos_[seg_row0_[s]] + segs[s].n);
+  matmul(L.wo, attn_.data(), n, proj_.data(), pool_, mm_scratch_);
+  pool_.parallel_for(n, [&](int64_t t, int) {
+    float* x = &x_[t * E];
+    float* p = &proj_[t * E];
+    if (L.attn_post_norm) rmsnorm(p, L.attn_post_norm, p, E, cfg_.rms_eps);
+    for (int64_t i = 0; i < E; i++) x[i] += p[i];
+    rmsnorm(x, L.ffn_norm, &xn_[t * E], E, cfg_.rms_eps);
+  });
+}
 
-  // LM head: segments that want every row one by one (straight into their buffer), then the last rows
-  // of all Last segments in one matmul.
+// Gate/up, the activation, down, into the residual stream (xn_ holds the FFN norm's output).
+void Forward::ffn_block(int l, int64_t n) {
+  const LayerWeights& L = model_.weights().layers[l];
+  const int64_t E = cfg_.n_embd, F = cfg_.n_ff;
+  {
+    const WeightMatrix* ws[2] = {&L.gate, &L.up};
+    float* ys[2] = {gate_.data(), up_.data()};
+    matmul_group(ws, ys, 2, xn_.data(), n, pool_, mm_scratch_);
+  }
+  if (cfg_.ffn_act == FfnActivation::GeluTanh)
+    pool_.parallel_for(n, [&](int64_t t, int) { geglu(&gate_[t * F], &up_[t * F], F); });
+  else if (cfg_.ffn_act == FfnActivation::GeluTanhF16)
+    pool_.parallel_for(n, [&](int64_t t, int) { geglu_f16_table(&gate_[t * F], &up_[t * F], F); });
+  else
+    pool_.parallel_for(n, [&](int64_t t, int) { swiglu(&gate_[t * F], &up_[t * F], F); });
+  matmul(L.down, gate_.data(), n, proj_.data(), pool_, mm_scratch_);
+  pool_.parallel_for(n, [&](int64_t t, int) {
+    float* x = &x_[t * E];
+    float* p = &proj_[t * E];
+    if (L.ffn_post_norm) rmsnorm(p, L.ffn_post_norm, p, E, cfg_.rms_eps);
+    for (int64_t i = 0; i < E; i++) x[i] += p[i];
+  });
+}
+
+// LM head: segments that want every row one by one (straight into their buffer), then the last rows
+// of all Last segments in one matmul.
+void Forward::write_logits(const ForwardSegment* segs, int n_segs) {
+  const ModelWeights& w = model_.weights();
+  const int64_t E = cfg_.n_embd, V = cfg_.n_vocab;
   // Output projection of the `rows` normed rows in xn_, then the final soft-cap if the model has one.
   auto lm_head = [&](int64_t rows, float* out) {
     matmul(w.output, xn_.data(), rows, out, pool_, mm_scratch_);
@@ -352,9 +383,7 @@ void Forward::step_batch(const ForwardSegment* segs, int n_segs) {
   for (int64_t i = 0; i < n_last; i++) rmsnorm(&x_[last_rows_[i] * E], w.output_norm, &xn_[i * E], E, cfg_.rms_eps);
   if (n_last == 1) {
     for (int s = 0; s < n_segs; s++)
-      if (segs[s].mode == LogitsMode::Last) {
-        lm_head(1, segs[s].logits);
-      }
+      if (segs[s].mode == LogitsMode::Last) lm_head(1, segs[s].logits);
     return;
   }
   if (logits_rows_.size() < (size_t)(n_last * V)) logits_rows_.resize((size_t)(n_last * V));

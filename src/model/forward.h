@@ -112,6 +112,18 @@ class Forward {
  private:
   // Grows the activation buffers to hold n tokens (only when a larger step than ever before comes).
   void ensure_batch(int64_t n);
+  // step_batch's pieces, in order. check_step validates the segments (throws before anything runs) and
+  // returns the step's rows; lay_out_rows sizes the buffers and fills seg_row0_ and pos_; plan_attention
+  // builds att_tasks_ (the same for every layer); embed_rows writes x_; per layer, attention_block
+  // (norm, Q/K/V, RoPE, the K/V append, attention, observers, window frees, output projection) then
+  // ffn_block; write_logits runs the LM head for the segments that want logits.
+  int64_t check_step(const ForwardSegment* segs, int n_segs);
+  void lay_out_rows(const ForwardSegment* segs, int n_segs, int64_t n);
+  void plan_attention(const ForwardSegment* segs, int n_segs);
+  void embed_rows(const ForwardSegment* segs, int n_segs, int64_t n);
+  void attention_block(int layer, const ForwardSegment* segs, int n_segs, int64_t n);
+  void ffn_block(int layer, int64_t n);
+  void write_logits(const ForwardSegment* segs, int n_segs);
   void attention(int layer, const ForwardSegment* segs, int n_segs);
   // Attention work items of the current step, rebuilt once per step: (segment, KV head, query-head
   // range, query block).

@@ -476,40 +476,51 @@ TEST_F(EngineTest, SplitAttentionGivesWhatUnsplitAttentionGives) {
   const std::vector<int32_t> p = prompt(5, 760);
   constexpr int kDecode = 5;
   for (int kind : {0, 1}) {
-    auto run = [&](int threads, int companions) {
+    // The context is prefilled once per engine (the long part of this test under TSan in CI); a fork of
+    // it decodes among `companions` other sequences, so its decode steps attend unsplit.
+    auto run = [&](int threads, const std::vector<int>& companion_counts) {
       EngineOptions o = options(1024);
       o.n_threads = threads;
       Engine engine(*model_, o);
-      std::vector<std::unique_ptr<Sequence>> others;
-      std::vector<int32_t> other_next(companions);
-      for (int c = 0; c < companions; c++) {
-        others.push_back(engine.new_sequence());
-        const std::vector<int32_t> pc = prompt(c, 20);
-        engine.feed(*others.back(), pc.data(), (int64_t)pc.size());
-      }
-      auto seq = engine.new_sequence();
-      seq->set_press(make(kind));
-      seq->begin_context();
-      engine.feed(*seq, p.data(), (int64_t)p.size());
-      seq->end_context(p);
-      std::vector<float> trace;
-      for (int i = 0; i < kDecode; i++) {
-        trace.insert(trace.end(), seq->logits(), seq->logits() + V);
-        int32_t id = Sampler::argmax(seq->logits(), V);
-        std::vector<Segment> segs(1 + companions);
-        segs[0].seq = seq.get(); segs[0].tokens = &id; segs[0].n = 1;
+      auto context = engine.new_sequence();
+      context->set_press(make(kind));
+      context->begin_context();
+      engine.feed(*context, p.data(), (int64_t)p.size());
+      context->end_context(p);
+      std::vector<std::vector<float>> traces;
+      for (int companions : companion_counts) {
+        std::vector<std::unique_ptr<Sequence>> others;
+        std::vector<int32_t> other_next(companions);
         for (int c = 0; c < companions; c++) {
-          other_next[c] = Sampler::argmax(others[c]->logits(), V);
-          segs[1 + c].seq = others[c].get(); segs[1 + c].tokens = &other_next[c]; segs[1 + c].n = 1;
+          others.push_back(engine.new_sequence());
+          const std::vector<int32_t> pc = prompt(c, 20);
+          engine.feed(*others.back(), pc.data(), (int64_t)pc.size());
         }
-        engine.step(segs);
-        for (const Segment& g : segs) EXPECT_EQ(g.status, SegmentStatus::Ok);
+        auto seq = context->fork();
+        std::vector<float> trace;
+        for (int i = 0; i < kDecode; i++) {
+          trace.insert(trace.end(), seq->logits(), seq->logits() + V);
+          int32_t id = Sampler::argmax(seq->logits(), V);
+          std::vector<Segment> segs(1 + companions);
+          segs[0].seq = seq.get(); segs[0].tokens = &id; segs[0].n = 1;
+          for (int c = 0; c < companions; c++) {
+            other_next[c] = Sampler::argmax(others[c]->logits(), V);
+            segs[1 + c].seq = others[c].get(); segs[1 + c].tokens = &other_next[c]; segs[1 + c].n = 1;
+          }
+          engine.step(segs);
+          for (const Segment& g : segs) EXPECT_EQ(g.status, SegmentStatus::Ok);
+        }
+        trace.insert(trace.end(), seq->logits(), seq->logits() + V);
+        traces.push_back(std::move(trace));
       }
-      trace.insert(trace.end(), seq->logits(), seq->logits() + V);
-      return trace;
+      return traces;
     };
-    const std::vector<float> split = run(2, 0), batched = run(2, 3), one_thread = run(1, 0);
+    const std::vector<std::vector<float>> two_threads = run(2, {0, 3});
+    const std::vector<float>& split = two_threads[0];
+    const std::vector<float>& batched = two_threads[1];
+    const std::vector<float> one_thread = run(1, {0})[0];
     ASSERT_EQ(split.size(), batched.size());
+    ASSERT_EQ(split.size(), one_thread.size());
     double worst_b = 0, worst_1 = 0;
     for (size_t i = 0; i < split.size(); i++) {
       worst_b = std::max(worst_b, (double)std::abs(split[i] - batched[i]));
