@@ -77,8 +77,11 @@ void configure_gemma3(const gguf::File& f, ModelConfig& c) {
   }
 }
 
-RegisterArch reg_gemma3({"gemma3", RopeMode::HalfSplit, /*qkv_bias=*/false, /*qk_norm=*/true,
-                         /*post_norms=*/true, configure_gemma3});
+RegisterArch reg_gemma3({.name = "gemma3", .rope_mode = RopeMode::HalfSplit, .qkv_bias = false, .qk_norm = true,
+                         .post_norms = true, .configure = configure_gemma3,
+                         .hf_classes = {{"Gemma3ForCausalLM"}, {"Gemma3ForConditionalGeneration", /*multimodal=*/true}},
+                         .hf_tied_default = true, .hf_rope_theta_default = 1000000.0, .hf_head_dim_default = 256,
+                         .hf_gemma_config = true});
 
 }  // namespace
 }  // namespace kvzap

@@ -3,5 +3,6 @@
 #include "model/arch.h"
 
 namespace kvzap {
-static RegisterArch reg_llama({"llama", RopeMode::Adjacent, /*qkv_bias=*/false, /*qk_norm=*/false});
+static RegisterArch reg_llama({.name = "llama", .rope_mode = RopeMode::Adjacent, .qkv_bias = false, .qk_norm = false,
+                                .hf_classes = {{"LlamaForCausalLM"}}});
 }

@@ -2,5 +2,6 @@
 #include "model/arch.h"
 
 namespace kvzap {
-static RegisterArch reg_qwen2({"qwen2", RopeMode::HalfSplit, /*qkv_bias=*/true, /*qk_norm=*/false});
+static RegisterArch reg_qwen2({.name = "qwen2", .rope_mode = RopeMode::HalfSplit, .qkv_bias = true, .qk_norm = false,
+                                .hf_classes = {{"Qwen2ForCausalLM"}}});
 }

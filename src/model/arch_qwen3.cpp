@@ -2,5 +2,6 @@
 #include "model/arch.h"
 
 namespace kvzap {
-static RegisterArch reg_qwen3({"qwen3", RopeMode::HalfSplit, /*qkv_bias=*/false, /*qk_norm=*/true});
+static RegisterArch reg_qwen3({.name = "qwen3", .rope_mode = RopeMode::HalfSplit, .qkv_bias = false, .qk_norm = true,
+                                .hf_classes = {{"Qwen3ForCausalLM"}}});
 }

@@ -18,6 +18,13 @@ const ArchSpec* find_arch(const std::string& name) {
   return nullptr;
 }
 
+std::pair<const ArchSpec*, const HfClass*> find_hf_class(const std::string& hf_name) {
+  for (const ArchSpec& a : arch_registry())
+    for (const HfClass& c : a.hf_classes)
+      if (c.name == hf_name) return {&a, &c};
+  return {nullptr, nullptr};
+}
+
 namespace {
 
 // Per-layer hyper-parameters may be arrays; we only support uniform layers.

@@ -21,30 +21,12 @@
 
 #include "common/fp16.h"
 #include "kvzap/error.h"
+#include "model/arch.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer_json.h"
 
 namespace kvzap {
 namespace {
-
-struct HfArch {
-  const char* hf_name;  // config.json "architectures"[0]
-  const char* arch;     // kvzap's architecture name (the GGUF one)
-  bool qkv_bias, qk_norm, gemma;
-  bool tied_default;    // the config class's tie_word_embeddings (save_pretrained omits it when equal)
-  double rope_theta_default;
-  // An image-text model: the text model's fields are in config.json's "text_config" and its tensors under
-  // language_model.model. (transformers 4 layout, also what 5 saves) or model.language_model.; the vision
-  // tower and the projector are not loaded (kvzap is text-only).
-  bool multimodal = false;
-};
-constexpr HfArch kArchs[] = {
-    {"LlamaForCausalLM", "llama", false, false, false, false, 10000.0},
-    {"Qwen2ForCausalLM", "qwen2", true, false, false, false, 10000.0},
-    {"Qwen3ForCausalLM", "qwen3", false, true, false, false, 10000.0},
-    {"Gemma3ForCausalLM", "gemma3", false, true, true, true, 1000000.0},
-    {"Gemma3ForConditionalGeneration", "gemma3", false, true, true, true, 1000000.0, true},
-};
 
 // Tensors of a multimodal checkpoint that belong to the image side.
 bool is_vision_tensor(const std::string& name) {
@@ -229,19 +211,18 @@ std::unique_ptr<Model> Model::load_hf(const std::string& dir, const LoadOptions&
   if (archs == ck.config().end() || !archs->is_array() || archs->empty() || !(*archs)[0].is_string())
     ck.config_error("missing field 'architectures'");
   const std::string hf_name = (*archs)[0].get<std::string>();
-  const HfArch* spec = nullptr;
-  for (const HfArch& a : kArchs)
-    if (hf_name == a.hf_name) spec = &a;
+  const auto [spec, cls] = find_hf_class(hf_name);
   if (!spec) {
     std::string known;
-    for (const HfArch& a : kArchs) known += (known.empty() ? "" : ", ") + std::string(a.hf_name);
+    for (const ArchSpec& a : arch_registry())
+      for (const HfClass& k : a.hf_classes) known += (known.empty() ? "" : ", ") + k.name;
     ck.config_error("unsupported architecture '" + hf_name + "' (supported: " + known + ")");
   }
-  if (spec->multimodal) m->hf_->descend("text_config");
+  if (cls->multimodal) m->hf_->descend("text_config");
   const nlohmann::json& cfg = ck.fields();
 
   ModelConfig& c = m->config_;
-  c.arch = spec->arch;
+  c.arch = spec->name;
   c.name = ck.get_string_opt("_name_or_path").value_or(std::filesystem::path(dir).filename().string());
   if (c.name.empty()) c.name = hf_name;
   c.n_layer = positive(ck, "num_hidden_layers", ck.get_int("num_hidden_layers"));
@@ -252,7 +233,7 @@ std::unique_ptr<Model> Model::load_hf(const std::string& dir, const LoadOptions&
   c.n_ff = positive(ck, "intermediate_size", ck.get_int("intermediate_size"));
   c.n_vocab = positive(ck, "vocab_size", ck.get_int("vocab_size"));
   if (c.n_head % c.n_head_kv != 0) ck.config_error("num_attention_heads is not a multiple of num_key_value_heads");
-  c.head_dim = positive(ck, "head_dim", ck.get_int_opt("head_dim").value_or(spec->gemma ? 256 : c.n_embd / c.n_head));
+  c.head_dim = positive(ck, "head_dim", ck.get_int_opt("head_dim").value_or(spec->hf_head_dim_default > 0 ? spec->hf_head_dim_default : c.n_embd / c.n_head));
   if (c.head_dim % 2 != 0) ck.config_error("head dimension must be even");
   c.n_rot = c.head_dim;
   if (auto f = ck.get_float_opt("partial_rotary_factor"); f && *f != 1.0)
@@ -264,9 +245,9 @@ std::unique_ptr<Model> Model::load_hf(const std::string& dir, const LoadOptions&
   c.has_qkv_bias = spec->qkv_bias;
   c.has_qk_norm = spec->qk_norm;
 
-  const std::string act_key = spec->gemma ? "hidden_activation" : "hidden_act";
-  const std::string act = ck.get_string_opt(act_key).value_or(spec->gemma ? "gelu_pytorch_tanh" : "silu");
-  if (spec->gemma ? act != "gelu_pytorch_tanh" && act != "gelu_tanh" : act != "silu")
+  const std::string act_key = spec->hf_gemma_config ? "hidden_activation" : "hidden_act";
+  const std::string act = ck.get_string_opt(act_key).value_or(spec->hf_gemma_config ? "gelu_pytorch_tanh" : "silu");
+  if (spec->hf_gemma_config ? act != "gelu_pytorch_tanh" && act != "gelu_tanh" : act != "silu")
     ck.config_error("'" + act_key + "' = '" + act + "' is not supported");
   if (ck.get_bool_opt("attention_bias").value_or(false))
     ck.config_error("'attention_bias': true is not supported (output projection bias)");
@@ -286,21 +267,21 @@ std::unique_ptr<Model> Model::load_hf(const std::string& dir, const LoadOptions&
       if (t == "sliding_attention") sliding[(size_t)l] = true;
       else if (t != "full_attention") ck.config_error("'layer_types' entry " + std::to_string(l) + " is not supported");
     }
-  } else if (spec->gemma) {
+  } else if (spec->hf_gemma_config) {
     int64_t n = ck.get_int_opt("sliding_window_pattern").value_or(ck.get_int_opt("_sliding_window_pattern").value_or(6));
     if (n < 0 || n > 1024) ck.config_error("'sliding_window_pattern' is out of range");
     for (int l = 0; l < c.n_layer; l++) sliding[(size_t)l] = n == 0 || (l + 1) % n != 0;
   }
   const bool any_sliding = std::find(sliding.begin(), sliding.end(), true) != sliding.end();
-  if (any_sliding && !spec->gemma) ck.config_error("sliding-window layers are not supported for " + hf_name);
+  if (any_sliding && !spec->hf_gemma_config) ck.config_error("sliding-window layers are not supported for " + hf_name);
 
-  const RopeParams global = rope_params(ck, "full_attention", spec->rope_theta_default, 0);
+  const RopeParams global = rope_params(ck, "full_attention", spec->hf_rope_theta_default, 0);
   if (!(global.theta > 0)) ck.config_error("RoPE base must be positive");
   c.rope_base = (float)global.theta;
-  apply_rope_scaling(ck, global, c.head_dim, c.rope_freq_scale, spec->gemma ? nullptr : &c.rope_freq_factors);
+  apply_rope_scaling(ck, global, c.head_dim, c.rope_freq_scale, spec->hf_gemma_config ? nullptr : &c.rope_freq_factors);
   c.layers.assign((size_t)c.n_layer, LayerConfig{0, c.rope_base, c.rope_freq_scale});
 
-  if (spec->gemma) {
+  if (spec->hf_gemma_config) {
     c.ffn_act = FfnActivation::GeluTanh;
     c.embd_scale = std::sqrt((float)c.n_embd);
     const double q = ck.get_float_opt("query_pre_attn_scalar").value_or(256.0);
@@ -310,7 +291,7 @@ std::unique_ptr<Model> Model::load_hf(const std::string& dir, const LoadOptions&
       if (*cap < 0) ck.config_error("field 'final_logit_softcapping' must not be negative");
       // transformers' Gemma3ForConditionalGeneration never applies it (only Gemma3ForCausalLM does);
       // released Gemma 3 configs have it null, so this only matters for hand-made ones.
-      if (spec->multimodal)
+      if (cls->multimodal)
         std::fprintf(stderr, "kvzap: %s: text_config.final_logit_softcapping is ignored, as transformers does\n",
                      hf_name.c_str());
       else
@@ -335,16 +316,16 @@ std::unique_ptr<Model> Model::load_hf(const std::string& dir, const LoadOptions&
   Loader ld{ck, w, opt.quantize, {}, 0, 0, 0, 0};
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t E = c.n_embd, Dq = (int64_t)c.n_head * c.head_dim, Dkv = (int64_t)c.n_head_kv * c.head_dim;
-  const float norm_add = spec->gemma ? 1.0f : 0.0f;
+  const float norm_add = spec->hf_gemma_config ? 1.0f : 0.0f;
   // Where the text model's tensors are: "model." or, for an image-text model, under its language model.
   std::string tp = "model.", lm_head = "lm_head.weight";
-  if (spec->multimodal) {
+  if (cls->multimodal) {
     tp = ck.find("language_model.model.embed_tokens.weight") ? "language_model.model." : "model.language_model.";
     if (tp == "language_model.model." && ck.find("language_model.lm_head.weight")) lm_head = "language_model.lm_head.weight";
   }
   w.token_embd = ld.matrix(tp + "embed_tokens.weight", c.n_vocab, E);
   w.output_norm = ld.vec(tp + "norm.weight", E, norm_add);
-  const bool tied = ck.get_bool_opt("tie_word_embeddings").value_or(spec->tied_default);
+  const bool tied = ck.get_bool_opt("tie_word_embeddings").value_or(spec->hf_tied_default);
   if (ck.find(lm_head)) w.output = ld.matrix(lm_head, c.n_vocab, E);
   else if (tied) w.output = w.token_embd;
   else ld.get(lm_head, {c.n_vocab, E});  // throws: missing tensor
@@ -366,7 +347,7 @@ std::unique_ptr<Model> Model::load_hf(const std::string& dir, const LoadOptions&
       L.q_norm = ld.vec(p + "self_attn.q_norm.weight", c.head_dim, norm_add);
       L.k_norm = ld.vec(p + "self_attn.k_norm.weight", c.head_dim, norm_add);
     }
-    if (spec->gemma) {
+    if (spec->hf_gemma_config) {
       L.attn_post_norm = ld.vec(p + "post_attention_layernorm.weight", E, norm_add);
       L.ffn_norm = ld.vec(p + "pre_feedforward_layernorm.weight", E, norm_add);
       L.ffn_post_norm = ld.vec(p + "post_feedforward_layernorm.weight", E, norm_add);
@@ -381,7 +362,7 @@ std::unique_ptr<Model> Model::load_hf(const std::string& dir, const LoadOptions&
   int n_vision = 0;
   for (const std::string& name : ck.tensor_names()) {
     if (ld.used.count(name)) continue;
-    if (spec->multimodal && is_vision_tensor(name)) {
+    if (cls->multimodal && is_vision_tensor(name)) {
       n_vision++;
       continue;
     }
