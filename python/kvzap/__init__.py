@@ -116,7 +116,7 @@ class DMSPress(BasePress):
 
 for _entry in _REGISTRY.values():
     _cls_name = _entry["python_class"]
-    if _cls_name in globals() or _entry["name"].startswith("adakv_"):
+    if _cls_name in globals():
         continue
     globals()[_cls_name] = _make_class(_entry)
     __all__.append(_cls_name)

@@ -107,7 +107,7 @@ struct Callback {
       nb::object r = self->fn(qi, nb::str(piece, len));
       return r.is_none() || nb::cast<bool>(r) ? 1 : 0;
     } catch (nb::python_error& e) {
-      self->error = std::move(e);
+      self->error.emplace(e);
       return 0;
     }
   }

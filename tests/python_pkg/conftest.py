@@ -11,7 +11,7 @@ TINY = str(ROOT / "fuzz" / "data" / "tiny_llama.gguf")
 # A context long enough for every press (SnapKV-family presses vote with the last 64 queries).
 CONTEXT = " ".join(
     f"Record {i}: the {['red', 'green', 'blue', 'amber'][i % 4]} lamp in room {i * 7 % 31} was checked on day {i}."
-    for i in range(24))
+    for i in range(12))
 
 
 def default_model():
@@ -24,7 +24,7 @@ def default_model():
 
 @pytest.fixture(scope="session")
 def tiny():
-    return kvzap.pipeline(TINY, threads=1, n_ctx=1024)
+    return kvzap.pipeline(TINY, threads=1, n_ctx=512)
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from conftest import CONTEXT, TINY, default_model, kvzap_bin
 def cli(model, tmp_path, args):
     ctx = tmp_path / "context.txt"
     ctx.write_text(CONTEXT)
-    cmd = [kvzap_bin(), "generate", "-m", model, "-t", "1", "-c", "1024", "--context-file", str(ctx), "--json",
+    cmd = [kvzap_bin(), "generate", "-m", model, "-t", "1", "-c", "512", "--context-file", str(ctx), "--json",
            "--chat"] + args
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 
@@ -31,7 +31,7 @@ def test_same_kept_sets_and_tokens_as_the_cli(tmp_path, press_args, press):
     qs = ["Which lamp was in room 7?", "What day was record 3 checked?"]
     sampling = ["--temp", "0.7", "--seed", "11", "-n", "16"]
     c = cli(TINY, tmp_path, press_args + sampling + sum((["--question", q] for q in qs), []))
-    pipe = kvzap.pipeline(TINY, threads=1, n_ctx=1024)
+    pipe = kvzap.pipeline(TINY, threads=1, n_ctx=512)
     p = pipe(CONTEXT, questions=qs, press=press(), temperature=0.7, seed=11, max_new_tokens=16)
     assert p["kv_stats"]["kv_lengths"].tolist() == c["kv_lengths"]
     assert p["kv_stats"]["evicted_fraction"] == c["evicted_fraction"]

@@ -97,11 +97,11 @@ def test_save_and_load_compressed_cache(tiny, tmp_path):
     assert np.array_equal(other.logits(), seq.logits())
 
 
-def test_chat_template_and_tokenizer(tiny):
-    text = tiny.apply_chat_template([{"role": "user", "content": "hello there"}])
-    assert "hello there" in text
-    ids = tiny.tokenize("hello there")
-    assert tiny.detokenize(ids) == "hello there"
+def test_chat_template_and_tokenizer(smol):
+    text = smol.apply_chat_template([{"role": "user", "content": "hello there"}])
+    assert "hello there" in text and text.index("hello there") > 0
+    ids = smol.tokenize("hello there")
+    assert len(ids) == 2 and smol.detokenize(ids) == "hello there"
 
 
 def test_default_model_readme_example(smol):

@@ -4,20 +4,30 @@ import json
 import threading
 import time
 
+import pytest
+
 import kvzap
 
-from conftest import CONTEXT, TINY
+from conftest import CONTEXT, default_model
+
+
+def model_or_skip():
+    path = default_model()
+    if path is None:
+        print("SKIPPED: thread tests need the pulled SmolLM2-135M-Instruct (kvzap pull)")
+        pytest.skip("no default model")
+    return path
 
 
 def run_timed(pipe, out, key):
     t0 = time.perf_counter()
-    pipe(CONTEXT * 3, question="Which lamp?", press=kvzap.KVzipPress(compression_ratio=0.5), max_new_tokens=48,
+    pipe(CONTEXT * 3, question="Which lamp?", press=kvzap.SnapKVPress(compression_ratio=0.5), max_new_tokens=16,
          temperature=0)
     out[key] = (t0, time.perf_counter())
 
 
 def test_main_thread_runs_during_a_call():
-    pipe = kvzap.pipeline(TINY, threads=1, n_ctx=4096)
+    pipe = kvzap.pipeline(model_or_skip(), threads=1, n_ctx=4096)
     times = {}
     th = threading.Thread(target=run_timed, args=(pipe, times, "a"))
     ticks = []
@@ -36,9 +46,10 @@ def test_main_thread_runs_during_a_call():
 def test_two_pipelines_overlap():
     # Each engine streams its pieces through a callback that runs inside its C call. If a call held the GIL
     # throughout, the other engine could produce nothing between that call's first and last piece.
-    pipes = [kvzap.pipeline(TINY, threads=1, n_ctx=4096) for _ in range(2)]
+    path = model_or_skip()
+    pipes = [kvzap.pipeline(path, threads=1, n_ctx=4096) for _ in range(2)]
     stamps = {0: [], 1: []}
-    request = json.dumps({"context": CONTEXT * 3, "questions": ["Which lamp?"], "max_new_tokens": 64,
+    request = json.dumps({"context": CONTEXT * 3, "questions": ["Which lamp?"], "max_new_tokens": 40,
                           "temperature": 0})
 
     def run(i):
