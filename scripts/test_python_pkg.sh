@@ -15,7 +15,8 @@ if [ ! -x "$VENV/bin/python" ]; then python3 -m venv "$VENV"; fi
 "$VENV/bin/pip" uninstall -q -y kvzap >/dev/null 2>&1 || true
 launcher=()
 command -v ccache >/dev/null && launcher=(-C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
-KVZAP_PREBUILT_DIR="$ROOT/$BUILD_DIR" "$VENV/bin/pip" install -q --no-build-isolation "${launcher[@]}" .
+KVZAP_PREBUILT_DIR="$ROOT/$BUILD_DIR" "$VENV/bin/pip" install -q --no-build-isolation "${launcher[@]}" \
+  -C build-dir="$BUILD_DIR/python-prebuilt" .
 export KVZAP_BIN="${KVZAP_BIN:-$ROOT/$BUILD_DIR/kvzap}"
 # From outside the source tree, so `import kvzap` can only be the installed package.
 cd "$(mktemp -d)"
