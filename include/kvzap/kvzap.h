@@ -116,6 +116,12 @@ typedef int (*kvzap_text_callback)(void* user, size_t question_index, const char
 kvzap_status kvzap_pipeline_run(kvzap_engine* engine, const char* request_json, const kvzap_press* press,
                                 kvzap_text_callback on_text, void* user, char** result_json);
 
+/* The offline RULER-style suite (`kvzap eval --suite ruler`) on the engine's sequence under press (NULL =
+ * none): options_json {"length": 4096 (prompt tokens, chat template included; must fit n_ctx), "samples": 100
+ * (per task), "tasks": [...] (default: all 13), "seed": 42, "first_index": 0}. result_json: one object per
+ * sample (task, index, prediction, answers, score 0..100, evicted_fraction, kv_bytes, context_tokens, ...). */
+kvzap_status kvzap_eval_ruler(kvzap_engine* engine, const kvzap_press* press, const char* options_json, char** result_json);
+
 /* ---- sequences ---- */
 /* A new empty sequence of the engine; free it before the engine. */
 kvzap_status kvzap_sequence_create(kvzap_engine* engine, kvzap_sequence** out);
@@ -163,6 +169,10 @@ typedef struct kvzap_kv_stats {
   int64_t window_dropped;  /* entries freed by sliding-window layers (not evictions) */
 } kvzap_kv_stats;
 kvzap_status kvzap_sequence_kv_stats(const kvzap_sequence* seq, kvzap_kv_stats* stats_out, int64_t* kept, size_t kept_len);
+
+/* Which positions each stream keeps: mask [n_layer][n_head_kv][n_past] (1 = kept), written when len is at
+ * least n_layer * n_head_kv * n_past bytes. */
+kvzap_status kvzap_sequence_kept_mask(const kvzap_sequence* seq, uint8_t* mask, size_t len);
 
 /* Compressed caches on disk (the format of `kvzap generate --save-cache` and the server's /slots/save):
  * the kept entries, the context's tokens, the logits and the press it was compressed under. Loading

@@ -21,6 +21,7 @@ import numpy as np
 from . import _kvzap
 from ._kvzap import Error
 
+
 __all__ = ["Error", "Pipeline", "BasePress", "pipeline", "presses", "data_dir", "version", "AdaKVPress", "DMSPress"]
 
 version = _kvzap.version()
@@ -265,3 +266,6 @@ def pipeline(model: Optional[str] = None, **kwargs: Any) -> Pipeline:
     or a Hugging Face checkpoint folder (None: the default pulled model). Keyword arguments: threads, n_ctx,
     n_batch, kv_type, quantize, kv_budget."""
     return Pipeline(model, **kwargs)
+
+
+from . import eval  # noqa: E402  (kvzap.eval.ruler)

@@ -138,6 +138,16 @@ struct Engine {
     check(st);
     return take_string(result);
   }
+  std::string eval_ruler(Press* press, const std::string& options) {
+    char* result = nullptr;
+    kvzap_status st;
+    {
+      nb::gil_scoped_release nogil;
+      st = kvzap_eval_ruler(h, press ? press->h : nullptr, options.c_str(), &result);
+    }
+    check(st);
+    return take_string(result);
+  }
 };
 
 struct Sequence {
@@ -183,6 +193,17 @@ struct Sequence {
       st = kvzap_sequence_load(h, path.c_str());
     }
     check(st);
+  }
+  // [n_layer, n_head_kv, n_past] booleans (a copy: the cache holds positions in 16-entry pages).
+  nb::ndarray<nb::numpy, bool, nb::ndim<3>> kept_mask() const {
+    kvzap_kv_stats s{};
+    check(kvzap_sequence_kv_stats(h, &s, nullptr, 0));
+    const size_t n = (size_t)s.n_layer * (size_t)s.n_head_kv * (size_t)s.n_past;
+    auto* m = new uint8_t[n ? n : 1];
+    nb::capsule owner(m, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
+    check(kvzap_sequence_kept_mask(h, m, n));
+    return nb::ndarray<nb::numpy, bool, nb::ndim<3>>(reinterpret_cast<bool*>(m),
+                                                     {(size_t)s.n_layer, (size_t)s.n_head_kv, (size_t)s.n_past}, owner);
   }
   nb::dict kv_stats() const {
     kvzap_kv_stats s{};
@@ -248,6 +269,7 @@ NB_MODULE(_kvzap, m) {
       .def(nb::init<Model&, const std::string&>(), "model"_a, "options"_a = "", nb::keep_alive<1, 2>())
       .def("info", &Engine::info)
       .def("pipeline_run", &Engine::pipeline_run, "request"_a, "press"_a.none(), "on_text"_a.none())
+      .def("eval_ruler", &Engine::eval_ruler, "press"_a.none(), "options"_a)
       .def("new_sequence",
            [](Engine& e) {
              kvzap_sequence* s = nullptr;
@@ -287,6 +309,7 @@ NB_MODULE(_kvzap, m) {
       .def("decode_step", &Sequence::decode_step)
       .def("rewind", &Sequence::rewind, "pos"_a)
       .def("kv_stats", &Sequence::kv_stats)
+      .def("kept_mask", &Sequence::kept_mask)
       .def("save", &Sequence::save, "path"_a)
       .def("load", &Sequence::load, "path"_a);
 }

@@ -21,6 +21,8 @@
 #include "common/json_fields.h"
 #include "engine/model_store.h"
 #include "engine/pipeline.h"
+#include "eval/ruler.h"
+#include "eval/runner.h"
 #include "engine/session.h"
 #include "kvzap/error.h"
 #include "press/press.h"
@@ -477,6 +479,66 @@ kvzap_status kvzap_pipeline_run(kvzap_engine* engine, const char* request_json, 
     j["kv_bytes_end"] = r.kv_bytes_end;
     j["kv_bytes_full_end"] = r.kv_bytes_full_end;
     out_json(result_json, j);
+  });
+}
+
+kvzap_status kvzap_eval_ruler(kvzap_engine* engine, const kvzap_press* press, const char* options_json, char** result_json) {
+  return guarded_args([&] {
+    need(engine, "engine");
+    need(result_json, "result_json");
+    *result_json = nullptr;
+    const json o = parse_json(options_json, "options_json");
+    check_object(o, "options", {"length", "samples", "tasks", "seed", "first_index"});
+    using namespace json_fields;
+    Session& s = *engine->session;
+    const eval::PromptBuilder prompts(s.model().tokenizer());
+    eval::SuiteOptions so;
+    so.count_tokens = prompts.counter();
+    if (o.contains("length")) so.length = get_integer(o["length"], "options.length", 64, (int64_t)1 << 20);
+    if (o.contains("samples")) so.samples_per_task = get_integer(o["samples"], "options.samples", 1, (int64_t)1 << 20);
+    if (o.contains("first_index")) so.first_index = get_integer(o["first_index"], "options.first_index", 0, (int64_t)1 << 40);
+    if (o.contains("seed")) so.seed = (uint64_t)get_integer(o["seed"], "options.seed", 0, INT64_MAX);
+    if (o.contains("tasks")) {
+      if (!o["tasks"].is_array()) throw BadArgument("'options.tasks' must be an array of task names");
+      for (size_t i = 0; i < o["tasks"].size(); i++) {
+        const std::string t = get_string(o["tasks"][i], "options.tasks[" + std::to_string(i) + "]");
+        if (!eval::is_ruler_task(t)) throw Error("unknown RULER task '" + t + "'");
+        so.tasks.push_back(t);
+      }
+    }
+    if (so.length > s.n_ctx())
+      throw Error("RULER length " + std::to_string(so.length) + " does not fit the engine's context of " +
+                  std::to_string(s.n_ctx()) + " tokens (create the engine with a larger n_ctx)");
+    const std::vector<eval::Sample> samples = eval::generate_suite(so);
+    std::unique_ptr<Press> run_press = press ? press->proto->clone() : nullptr;
+    eval::RunOptions ro;
+    ro.quiet = true;
+    const std::vector<eval::SampleOutcome> out = eval::run_samples(s, run_press.get(), prompts, samples, ro);
+    s.sequence().attach_press(nullptr);
+    engine->own.tokens.clear();
+    json arr = json::array();
+    for (const eval::SampleOutcome& r : out) arr.push_back(eval::outcome_to_json(r));
+    out_json(result_json, arr);
+  });
+}
+
+kvzap_status kvzap_sequence_kept_mask(const kvzap_sequence* seq, uint8_t* mask, size_t len) {
+  return guarded_args([&] {
+    need(seq, "seq");
+    need(mask, "mask");
+    const KvCache& c = seq->seq->cache();
+    const size_t n_past = (size_t)c.n_past();
+    const size_t want = (size_t)c.n_layer() * (size_t)c.n_head_kv() * n_past;
+    if (len < want) throw BadArgument("mask holds " + std::to_string(len) + " bytes, needs " + std::to_string(want));
+    std::memset(mask, 0, want);
+    for (int l = 0; l < c.n_layer(); l++)
+      for (int h = 0; h < c.n_head_kv(); h++) {
+        uint8_t* row = mask + ((size_t)l * c.n_head_kv() + h) * n_past;
+        for (int64_t i = 0; i < c.length(l, h); i++) {
+          const int32_t p = c.position_at(l, h, i);
+          if (p >= 0 && (size_t)p < n_past) row[p] = 1;
+        }
+      }
   });
 }
 
