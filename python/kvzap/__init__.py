@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import warnings
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -261,10 +262,24 @@ class _Stream:
             raise self._error
 
 
-def pipeline(model: Optional[str] = None, **kwargs: Any) -> Pipeline:
-    """kvpress's pipeline("kv-press-text-generation", model=...) for kvzap: a pulled model name, a GGUF file
-    or a Hugging Face checkpoint folder (None: the default pulled model). Keyword arguments: threads, n_ctx,
-    n_batch, kv_type, quantize, kv_budget."""
+def pipeline(model: Optional[str] = None, *args: Any, **kwargs: Any) -> Pipeline:
+    """A pulled model name, a GGUF file or a Hugging Face checkpoint folder (None: the default pulled model).
+    Keyword arguments: threads, n_ctx, n_batch, kv_type, quantize, kv_budget.
+
+    kvpress's own call shape also works: pipeline("kv-press-text-generation", model=..., device=...,
+    model_kwargs=...). The engine runs on the CPU: `device` and `model_kwargs` (torch settings) are accepted
+    and ignored, with a warning when they ask for something else."""
+    if model == "kv-press-text-generation":
+        model = kwargs.pop("model", None)
+    device = kwargs.pop("device", None)
+    model_kwargs = kwargs.pop("model_kwargs", None)
+    kwargs.pop("torch_dtype", None)
+    if args:
+        raise Error(f"pipeline: unexpected positional arguments {args!r}")
+    if device is not None and str(device) not in ("cpu", "auto"):
+        warnings.warn(f"kvzap runs on the CPU; device={device!r} is ignored", stacklevel=2)
+    if model_kwargs:
+        warnings.warn(f"kvzap ignores model_kwargs={model_kwargs!r} (torch settings)", stacklevel=2)
     return Pipeline(model, **kwargs)
 
 

@@ -112,3 +112,19 @@ def test_default_model_readme_example(smol):
     answers = smol(context, questions=["Which lamp was in room 7?", "What day was record 3 checked?"],
                    press=kvzap.KVzapPress(model_type="mlp", threshold=-4), max_new_tokens=16)["answers"]
     assert len(answers) == 2
+
+
+def test_kvpress_readme_example_verbatim(smol):
+    # kvpress's README example with only the import changed (device and model_kwargs are torch settings).
+    from kvzap import pipeline, ExpectedAttentionPress
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pipe = pipeline("kv-press-text-generation", model="SmolLM2-135M-Instruct", device="cuda:0",
+                        model_kwargs={"attn_implementation": "flash_attention_2"})
+    assert any("device" in str(w.message) for w in caught)
+    context = "A very long text you want to compress once and for all. " + CONTEXT
+    question = "\nA question about the compressed context"  # optional
+    press = ExpectedAttentionPress(compression_ratio=0.5)
+    answer = pipe(context, question=question, press=press)["answer"]
+    assert isinstance(answer, str) and answer
