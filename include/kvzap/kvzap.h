@@ -37,6 +37,7 @@ typedef struct kvzap_model kvzap_model;
 typedef struct kvzap_engine kvzap_engine;
 typedef struct kvzap_sequence kvzap_sequence;
 typedef struct kvzap_press kvzap_press;
+typedef struct kvzap_recording kvzap_recording;
 
 /* The last error message of this thread ("" if none). Valid until the next failing call on this thread. */
 const char* kvzap_last_error(void);
@@ -121,6 +122,18 @@ kvzap_status kvzap_pipeline_run(kvzap_engine* engine, const char* request_json, 
  * (per task), "tasks": [...] (default: all 13), "seed": 42, "first_index": 0}. result_json: one object per
  * sample (task, index, prediction, answers, score 0..100, evicted_fraction, kv_bytes, context_tokens, ...). */
 kvzap_status kvzap_eval_ruler(kvzap_engine* engine, const kvzap_press* press, const char* options_json, char** result_json);
+
+/* Research access: the activations a press sees while a context is prefilled. Feeds ids into a scratch
+ * sequence of the engine (no press) and records, per forward step and layer, the post-norm hidden states h
+ * [n_tok][n_embd] (what KVzap scores), q [n_tok][n_head][head_dim] and k, v [n_tok][n_head_kv][head_dim]
+ * (after RoPE). One step holds the whole context unless the engine's n_batch cuts it. */
+kvzap_status kvzap_record_context(kvzap_engine* engine, const int32_t* ids, size_t n, kvzap_recording** out);
+void kvzap_recording_free(kvzap_recording* rec);
+kvzap_status kvzap_recording_steps(const kvzap_recording* rec, size_t* n_steps_out);
+/* which: "h", "q", "k" or "v". data_out points into the recording (valid until it is freed): n_tok rows of
+ * n_heads * width floats. */
+kvzap_status kvzap_recording_tensor(const kvzap_recording* rec, size_t step, int layer, const char* which,
+                                    const float** data_out, int64_t* n_tok_out, int64_t* n_heads_out, int64_t* width_out);
 
 /* ---- sequences ---- */
 /* A new empty sequence of the engine; free it before the engine. */

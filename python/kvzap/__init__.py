@@ -209,6 +209,14 @@ class Pipeline:
     def apply_chat_template(self, messages: list, add_generation_prompt: bool = True) -> str:
         return self.model.apply_chat_template(json.dumps(messages), add_generation_prompt)
 
+    def record(self, text_or_ids, add_bos: bool = True):
+        """Prefills a context without a press and records what a press sees, per layer: .tensor("h", layer)
+        is a read-only numpy view [n_tok, n_embd] of the post-norm hidden states KVzap scores; "q", "k", "v"
+        give [n_tok, heads, head_dim] (after RoPE). step= selects a forward step when n_batch cut the
+        context (.n_steps)."""
+        ids = self.tokenize(text_or_ids, add_bos=add_bos) if isinstance(text_or_ids, str) else list(text_or_ids)
+        return self.engine.record_context(ids)
+
     def new_sequence(self):
         return self.engine.new_sequence()
 

@@ -150,6 +150,17 @@ struct Engine {
   }
 };
 
+// A recorded context prefill (kvzap_record_context); tensors come out as numpy views into it.
+struct Recording {
+  kvzap_recording* h = nullptr;
+  ~Recording() { kvzap_recording_free(h); }
+  size_t steps() const {
+    size_t n = 0;
+    check(kvzap_recording_steps(h, &n));
+    return n;
+  }
+};
+
 struct Sequence {
   kvzap_sequence* h = nullptr;
   bool owned = true;
@@ -270,6 +281,20 @@ NB_MODULE(_kvzap, m) {
       .def("info", &Engine::info)
       .def("pipeline_run", &Engine::pipeline_run, "request"_a, "press"_a.none(), "on_text"_a.none())
       .def("eval_ruler", &Engine::eval_ruler, "press"_a.none(), "options"_a)
+      .def("record_context",
+           [](Engine& e, const std::vector<int32_t>& ids) {
+             kvzap_recording* r = nullptr;
+             kvzap_status st;
+             {
+               nb::gil_scoped_release nogil;
+               st = kvzap_record_context(e.h, ids.data(), ids.size(), &r);
+             }
+             check(st);
+             auto* rec = new Recording();
+             rec->h = r;
+             return rec;
+           },
+           "ids"_a)
       .def("new_sequence",
            [](Engine& e) {
              kvzap_sequence* s = nullptr;
@@ -284,6 +309,21 @@ NB_MODULE(_kvzap, m) {
              return new Sequence(s, false);
            },
            nb::keep_alive<0, 1>());
+
+  nb::class_<Recording>(m, "Recording")
+      .def_prop_ro("n_steps", &Recording::steps)
+      .def(
+          "tensor",
+          [](nb::handle self, const std::string& which, int layer, size_t step) {
+            const Recording& r = nb::cast<const Recording&>(self);
+            const float* p = nullptr;
+            int64_t n_tok = 0, heads = 0, width = 0;
+            check(kvzap_recording_tensor(r.h, step, layer, which.c_str(), &p, &n_tok, &heads, &width));
+            // A read-only view into the recording (no copy); the array keeps the recording alive.
+            if (which == "h") return nb::ndarray<nb::numpy, const float>(p, {(size_t)n_tok, (size_t)width}, self);
+            return nb::ndarray<nb::numpy, const float>(p, {(size_t)n_tok, (size_t)heads, (size_t)width}, self);
+          },
+          "which"_a, "layer"_a, "step"_a = 0);
 
   nb::class_<Sequence>(m, "Sequence")
       .def("prefill", &Sequence::prefill, "ids"_a, "press"_a.none() = nb::none(), "question"_a = "")

@@ -19,6 +19,7 @@
 #include "cache/page_pool.h"
 #include "common/data_dir.h"
 #include "common/json_fields.h"
+#include "engine/context_recording.h"
 #include "engine/model_store.h"
 #include "engine/pipeline.h"
 #include "eval/ruler.h"
@@ -48,6 +49,11 @@ struct kvzap_sequence {
   std::vector<int32_t> tokens;      // every token fed since the last prefill / load (the saved context)
   std::string press_key = "none";
   std::string ev_text, ev_reason;   // the last decode step's strings
+};
+
+struct kvzap_recording {
+  std::unique_ptr<ContextRecording> rec;
+  kvzap::ModelConfig cfg;
 };
 
 struct kvzap_engine {
@@ -539,6 +545,64 @@ kvzap_status kvzap_sequence_kept_mask(const kvzap_sequence* seq, uint8_t* mask, 
           if (p >= 0 && (size_t)p < n_past) row[p] = 1;
         }
       }
+  });
+}
+
+kvzap_status kvzap_record_context(kvzap_engine* engine, const int32_t* ids, size_t n, kvzap_recording** out) {
+  return guarded_args([&] {
+    need(engine, "engine");
+    need(out, "out");
+    *out = nullptr;
+    if (!ids || n == 0) throw BadArgument("ids must hold at least one token");
+    Engine& e = engine->session->engine();
+    const int n_vocab = e.model().config().n_vocab;
+    for (size_t i = 0; i < n; i++)
+      if (ids[i] < 0 || ids[i] >= n_vocab) throw BadArgument("token id " + std::to_string(ids[i]) + " out of range");
+    if ((int64_t)n > e.n_ctx())
+      throw Error("context of " + std::to_string(n) + " tokens does not fit the context size of " + std::to_string(e.n_ctx()) + " tokens");
+    auto r = std::make_unique<kvzap_recording>();
+    r->cfg = e.model().config();
+    r->rec = std::make_unique<ContextRecording>(r->cfg);
+    std::unique_ptr<Sequence> scratch = e.new_sequence();
+    e.prefill_recorded(*scratch, std::vector<int32_t>(ids, ids + n), *r->rec);
+    *out = r.release();
+  });
+}
+
+void kvzap_recording_free(kvzap_recording* rec) { delete rec; }
+
+kvzap_status kvzap_recording_steps(const kvzap_recording* rec, size_t* n_steps_out) {
+  return guarded_args([&] {
+    need(rec, "rec");
+    need(n_steps_out, "n_steps_out");
+    *n_steps_out = rec->rec->steps().size();
+  });
+}
+
+kvzap_status kvzap_recording_tensor(const kvzap_recording* rec, size_t step, int layer, const char* which,
+                                    const float** data_out, int64_t* n_tok_out, int64_t* n_heads_out, int64_t* width_out) {
+  return guarded_args([&] {
+    need(rec, "rec");
+    need(which, "which");
+    need(data_out, "data_out");
+    const auto& steps = rec->rec->steps();
+    if (step >= steps.size()) throw BadArgument("step " + std::to_string(step) + " out of range (" + std::to_string(steps.size()) + " steps)");
+    if (layer < 0 || layer >= rec->cfg.n_layer) throw BadArgument("layer " + std::to_string(layer) + " out of range");
+    const RecordedStep& st = steps[step];
+    const RecordedStep::Layer& L = st.layers[(size_t)layer];
+    const std::string w = which;
+    int64_t heads = 1, width = 0;
+    const std::vector<float>* v = nullptr;
+    if (w == "h") v = &L.h, width = rec->cfg.n_embd;
+    else if (w == "q") v = &L.q, heads = rec->cfg.n_head, width = rec->cfg.head_dim;
+    else if (w == "k") v = &L.k, heads = rec->cfg.n_head_kv, width = rec->cfg.head_dim;
+    else if (w == "v") v = &L.v, heads = rec->cfg.n_head_kv, width = rec->cfg.head_dim;
+    else throw BadArgument("which must be \"h\", \"q\", \"k\" or \"v\", got \"" + w + "\"");
+    if ((int64_t)v->size() != st.n_tok * heads * width) throw Error("internal: recorded tensor has an unexpected size");
+    *data_out = v->data();
+    if (n_tok_out) *n_tok_out = st.n_tok;
+    if (n_heads_out) *n_heads_out = heads;
+    if (width_out) *width_out = width;
   });
 }
 

@@ -50,3 +50,27 @@ def test_ruler_table(smol):
 def test_ruler_bad_task(smol):
     with pytest.raises(kvzap.Error, match="unknown RULER task"):
         kvzap.eval.ruler(smol, None, length=512, samples=1, tasks=["nope"])
+
+
+def test_recorded_hidden_states_are_views(tiny):
+    ids = tiny.tokenize(CONTEXT, add_bos=True)
+    rec = tiny.record(ids)
+    assert rec.n_steps == 1
+    info = tiny.info
+    h = rec.tensor("h", 0)
+    assert h.shape == (len(ids), info["n_embd"]) and h.dtype == np.float32
+    assert not h.flags.owndata and not h.flags.writeable
+    assert np.shares_memory(h, rec.tensor("h", 0))  # a view into the recording, no copy
+    assert np.isfinite(h).all() and np.abs(h).sum() > 0
+    q, k, v = rec.tensor("q", 0), rec.tensor("k", 0), rec.tensor("v", 0)
+    assert q.shape == (len(ids), info["n_head"], info["head_dim"])
+    assert k.shape == v.shape == (len(ids), info["n_head_kv"], info["head_dim"])
+    # Recording is deterministic.
+    again = tiny.record(ids)
+    assert np.array_equal(again.tensor("k", 0), k)
+    with pytest.raises(kvzap.Error, match="which must be"):
+        rec.tensor("x", 0)
+    with pytest.raises(kvzap.Error, match="layer"):
+        rec.tensor("h", 99)
+    del rec
+    assert np.isfinite(h).all()  # the view keeps the recording alive
