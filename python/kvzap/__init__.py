@@ -270,15 +270,17 @@ class _Stream:
             raise self._error
 
 
-def pipeline(model: Optional[str] = None, *args: Any, **kwargs: Any) -> Pipeline:
+def pipeline(model_or_task: Optional[str] = None, *args: Any, **kwargs: Any) -> Pipeline:
     """A pulled model name, a GGUF file or a Hugging Face checkpoint folder (None: the default pulled model).
     Keyword arguments: threads, n_ctx, n_batch, kv_type, quantize, kv_budget.
 
     kvpress's own call shape also works: pipeline("kv-press-text-generation", model=..., device=...,
     model_kwargs=...). The engine runs on the CPU: `device` and `model_kwargs` (torch settings) are accepted
     and ignored, with a warning when they ask for something else."""
-    if model == "kv-press-text-generation":
+    if model_or_task == "kv-press-text-generation" or model_or_task is None:
         model = kwargs.pop("model", None)
+    else:
+        model = model_or_task
     device = kwargs.pop("device", None)
     model_kwargs = kwargs.pop("model_kwargs", None)
     kwargs.pop("torch_dtype", None)
