@@ -49,10 +49,13 @@ def test_two_pipelines_overlap():
     path = model_or_skip()
     pipes = [kvzap.pipeline(path, threads=1, n_ctx=4096) for _ in range(2)]
     stamps = {0: [], 1: []}
-    request = json.dumps({"context": CONTEXT * 3, "questions": ["Which lamp?"], "max_new_tokens": 40,
-                          "temperature": 0})
+    # A short context and a long answer: both calls spend most of their time decoding, side by side.
+    request = json.dumps({"context": CONTEXT, "questions": ["Write a long story about these lamps."],
+                          "max_new_tokens": 64, "temperature": 1.0, "seed": 3})
+    barrier = threading.Barrier(2)
 
     def run(i):
+        barrier.wait()
         pipes[i].engine.pipeline_run(request, None, lambda qi, piece: stamps[i].append(time.perf_counter()))
 
     ths = [threading.Thread(target=run, args=(i,)) for i in range(2)]
