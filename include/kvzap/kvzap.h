@@ -38,6 +38,7 @@ typedef struct kvzap_engine kvzap_engine;
 typedef struct kvzap_sequence kvzap_sequence;
 typedef struct kvzap_press kvzap_press;
 typedef struct kvzap_recording kvzap_recording;
+typedef struct kvzap_targets kvzap_targets;
 
 /* The last error message of this thread ("" if none). Valid until the next failing call on this thread. */
 const char* kvzap_last_error(void);
@@ -134,6 +135,23 @@ kvzap_status kvzap_recording_steps(const kvzap_recording* rec, size_t* n_steps_o
  * n_heads * width floats. */
 kvzap_status kvzap_recording_tensor(const kvzap_recording* rec, size_t step, int layer, const char* which,
                                     const float** data_out, int64_t* n_tok_out, int64_t* n_heads_out, int64_t* width_out);
+
+/* KVzip+ training targets (`kvzap collect`, docs/ALGORITHMS.md): the model reads text + "Repeat the previous
+ * context exactly." + text in one pass (the engine's n_ctx and n_batch must hold it); log_scores
+ * [n_layer][n_head_kv][n_text] are the log KVzip+ scores of every position of the first copy, x
+ * [n_sample][n_layer][n_embd] the post-norm hidden states h at n_sample positions drawn from seed (sample,
+ * text offsets): the surrogate's inputs. Pointers stay valid until kvzap_targets_free. */
+typedef struct kvzap_targets_view {
+  int64_t n_text, n_sample, text_start; /* text_start: the first copy's first token in the prompt */
+  int32_t n_layer, n_head_kv, n_embd;
+  const float* log_scores;
+  const int64_t* sample;
+  const float* x;
+} kvzap_targets_view;
+kvzap_status kvzap_kvzip_targets(kvzap_engine* engine, const char* text, size_t text_len, size_t n_sample, uint64_t seed,
+                                 kvzap_targets** out);
+kvzap_status kvzap_targets_get(const kvzap_targets* targets, kvzap_targets_view* out);
+void kvzap_targets_free(kvzap_targets* targets);
 
 /* ---- sequences ---- */
 /* A new empty sequence of the engine; free it before the engine. */

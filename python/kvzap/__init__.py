@@ -217,6 +217,12 @@ class Pipeline:
         ids = self.tokenize(text_or_ids, add_bos=add_bos) if isinstance(text_or_ids, str) else list(text_or_ids)
         return self.engine.record_context(ids)
 
+    def kvzip_targets(self, text: str, n_sample: int = 64, seed: int = 0):
+        """KVzip+ targets of a text (what `kvzap collect` stores): .log_scores [layer, KV head, n_text] numpy
+        view of the log KVzip+ score of every text position, .x [n_sample, layer, n_embd] the hidden states h
+        at .sample (text offsets): the surrogate's training pairs are (x[s, l], log_scores[l, :, sample[s]])."""
+        return self.engine.kvzip_targets(text, n_sample, seed)
+
     def new_sequence(self):
         return self.engine.new_sequence()
 

@@ -161,6 +161,17 @@ struct Recording {
   }
 };
 
+// KVzip+ targets of one text (kvzap_kvzip_targets); arrays come out as numpy views into it.
+struct Targets {
+  kvzap_targets* h = nullptr;
+  ~Targets() { kvzap_targets_free(h); }
+  kvzap_targets_view view() const {
+    kvzap_targets_view v{};
+    check(kvzap_targets_get(h, &v));
+    return v;
+  }
+};
+
 struct Sequence {
   kvzap_sequence* h = nullptr;
   bool owned = true;
@@ -295,6 +306,20 @@ NB_MODULE(_kvzap, m) {
              return rec;
            },
            "ids"_a)
+      .def("kvzip_targets",
+           [](Engine& e, const std::string& text, size_t n_sample, uint64_t seed) {
+             kvzap_targets* t = nullptr;
+             kvzap_status st;
+             {
+               nb::gil_scoped_release nogil;
+               st = kvzap_kvzip_targets(e.h, text.data(), text.size(), n_sample, seed, &t);
+             }
+             check(st);
+             auto* out = new Targets();
+             out->h = t;
+             return out;
+           },
+           "text"_a, "n_sample"_a, "seed"_a)
       .def("new_sequence",
            [](Engine& e) {
              kvzap_sequence* s = nullptr;
@@ -324,6 +349,27 @@ NB_MODULE(_kvzap, m) {
             return nb::ndarray<nb::numpy, const float>(p, {(size_t)n_tok, (size_t)heads, (size_t)width}, self);
           },
           "which"_a, "layer"_a, "step"_a = 0);
+
+  // Read-only views into the targets (no copies); each array keeps the Targets object alive.
+  nb::class_<Targets>(m, "Targets")
+      .def_prop_ro("log_scores",
+                   [](nb::handle self) {
+                     const kvzap_targets_view v = nb::cast<const Targets&>(self).view();
+                     return nb::ndarray<nb::numpy, const float, nb::ndim<3>>(
+                         v.log_scores, {(size_t)v.n_layer, (size_t)v.n_head_kv, (size_t)v.n_text}, self);
+                   })
+      .def_prop_ro("x",
+                   [](nb::handle self) {
+                     const kvzap_targets_view v = nb::cast<const Targets&>(self).view();
+                     return nb::ndarray<nb::numpy, const float, nb::ndim<3>>(
+                         v.x, {(size_t)v.n_sample, (size_t)v.n_layer, (size_t)v.n_embd}, self);
+                   })
+      .def_prop_ro("sample",
+                   [](nb::handle self) {
+                     const kvzap_targets_view v = nb::cast<const Targets&>(self).view();
+                     return nb::ndarray<nb::numpy, const int64_t, nb::ndim<1>>(v.sample, {(size_t)v.n_sample}, self);
+                   })
+      .def_prop_ro("text_start", [](const Targets& t) { return t.view().text_start; });
 
   nb::class_<Sequence>(m, "Sequence")
       .def("prefill", &Sequence::prefill, "ids"_a, "press"_a.none() = nb::none(), "question"_a = "")

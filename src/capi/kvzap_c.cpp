@@ -29,6 +29,7 @@
 #include "press/press.h"
 #include "press/press_spec.h"
 #include "tokenizer/chat_prompt.h"
+#include "train/targets.h"
 
 using nlohmann::json;
 using namespace kvzap;
@@ -54,6 +55,12 @@ struct kvzap_sequence {
 struct kvzap_recording {
   std::unique_ptr<ContextRecording> rec;
   kvzap::ModelConfig cfg;
+};
+
+struct kvzap_targets {
+  kvzap::WindowTargets t;
+  std::vector<int32_t> ids;  // the repeat prompt
+  int64_t start_prompt = 0;
 };
 
 struct kvzap_engine {
@@ -603,6 +610,45 @@ kvzap_status kvzap_recording_tensor(const kvzap_recording* rec, size_t step, int
     if (n_tok_out) *n_tok_out = st.n_tok;
     if (n_heads_out) *n_heads_out = heads;
     if (width_out) *width_out = width;
+  });
+}
+
+kvzap_status kvzap_kvzip_targets(kvzap_engine* engine, const char* text, size_t text_len, size_t n_sample, uint64_t seed,
+                                 kvzap_targets** out) {
+  return guarded_args([&] {
+    need(engine, "engine");
+    need(out, "out");
+    *out = nullptr;
+    if (!text) throw BadArgument("text must not be NULL");
+    Session& s = *engine->session;
+    const RepeatPrompt p = build_repeat_prompt(s.model().tokenizer(), std::string(text, text_len));
+    const std::vector<int64_t> sample = sample_positions(p.n_text(), std::min<int64_t>((int64_t)n_sample, p.n_text()), seed);
+    TargetComputer tc(s.model());
+    auto r = std::make_unique<kvzap_targets>();
+    r->t = tc.compute(s, p, sample);
+    s.reset();  // the repeat pass leaves its cache behind
+    engine->own.tokens.clear();
+    r->ids = p.ids;
+    r->start_prompt = p.start_prompt;
+    *out = r.release();
+  });
+}
+
+void kvzap_targets_free(kvzap_targets* t) { delete t; }
+
+kvzap_status kvzap_targets_get(const kvzap_targets* t, kvzap_targets_view* out) {
+  return guarded_args([&] {
+    need(t, "targets");
+    need(out, "out");
+    out->n_text = t->t.n_text;
+    out->n_layer = t->t.n_layer;
+    out->n_head_kv = t->t.n_head_kv;
+    out->n_embd = t->t.n_embd;
+    out->log_scores = t->t.log_scores.data();
+    out->n_sample = (int64_t)t->t.sample.size();
+    out->sample = t->t.sample.data();
+    out->x = t->t.x.data();
+    out->text_start = t->start_prompt;
   });
 }
 

@@ -74,3 +74,22 @@ def test_recorded_hidden_states_are_views(tiny):
         rec.tensor("h", 99)
     del rec
     assert np.isfinite(h).all()  # the view keeps the recording alive
+
+
+def test_kvzip_targets_views(smol):
+    text = CONTEXT
+    t = smol.kvzip_targets(text, n_sample=16, seed=1)
+    info = smol.info
+    ls, x, sample = t.log_scores, t.x, t.sample
+    assert ls.shape[:2] == (info["n_layer"], info["n_head_kv"]) and ls.shape[2] > 50
+    assert x.shape == (16, info["n_layer"], info["n_embd"])
+    assert sample.shape == (16,) and np.all(np.diff(sample) > 0) and sample[-1] < ls.shape[2]
+    assert not ls.flags.owndata and not x.flags.owndata and np.shares_memory(ls, t.log_scores)
+    # log of KVzip+ scores: at most log(max ||W_O v|| / ||h||)-ish, never NaN, clamped at log(1e-30).
+    assert np.isfinite(ls).all() and ls.min() >= np.log(1e-30) - 1e-3
+    # The hidden states at the sampled offsets are the ones a plain recording of the repeat prompt shows.
+    rec = smol.record(smol.tokenize(text, add_bos=True))  # a different prompt: only shapes compare
+    assert rec.tensor("h", 0).shape[1] == x.shape[2]
+    # Deterministic for a seed.
+    t2 = smol.kvzip_targets(text, n_sample=16, seed=1)
+    assert np.array_equal(t2.log_scores, ls) and np.array_equal(t2.sample, sample)
