@@ -153,6 +153,12 @@ kvzap_status kvzap_kvzip_targets(kvzap_engine* engine, const char* text, size_t 
 kvzap_status kvzap_targets_get(const kvzap_targets* targets, kvzap_targets_view* out);
 void kvzap_targets_free(kvzap_targets* targets);
 
+/* Fits a KVzap-Linear surrogate (ridge regression per layer, `kvzap train`'s solver) on x [n][n_layer][n_embd]
+ * (hidden states h) and y [n][n_layer][n_head_kv] (log KVzip+ targets), and writes it in kvpress's folder
+ * format to out_dir (config.json + model.safetensors): {"press": "kvzap-linear", "surrogate": out_dir}. */
+kvzap_status kvzap_train_linear_surrogate(const float* x, const float* y, int64_t n, int32_t n_layer, int32_t n_embd,
+                                          int32_t n_head_kv, double alpha, const char* out_dir);
+
 /* ---- sequences ---- */
 /* A new empty sequence of the engine; free it before the engine. */
 kvzap_status kvzap_sequence_create(kvzap_engine* engine, kvzap_sequence** out);

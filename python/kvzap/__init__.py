@@ -300,3 +300,4 @@ def pipeline(model_or_task: Optional[str] = None, *args: Any, **kwargs: Any) -> 
 
 
 from . import eval  # noqa: E402  (kvzap.eval.ruler)
+from . import train  # noqa: E402  (kvzap.train.linear)

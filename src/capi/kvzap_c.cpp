@@ -29,7 +29,9 @@
 #include "press/press.h"
 #include "press/press_spec.h"
 #include "tokenizer/chat_prompt.h"
+#include "train/ridge.h"
 #include "train/targets.h"
+#include "press/surrogate.h"
 
 using nlohmann::json;
 using namespace kvzap;
@@ -649,6 +651,30 @@ kvzap_status kvzap_targets_get(const kvzap_targets* t, kvzap_targets_view* out) 
     out->sample = t->t.sample.data();
     out->x = t->t.x.data();
     out->text_start = t->start_prompt;
+  });
+}
+
+kvzap_status kvzap_train_linear_surrogate(const float* x, const float* y, int64_t n, int32_t n_layer, int32_t n_embd,
+                                          int32_t n_head_kv, double alpha, const char* out_dir) {
+  return guarded_args([&] {
+    need(x, "x");
+    need(y, "y");
+    need(out_dir, "out_dir");
+    if (n < 2 || n_layer < 1 || n_embd < 1 || n_head_kv < 1)
+      throw BadArgument("train: need n >= 2 samples and positive n_layer, n_embd, n_head_kv");
+    if (!(alpha >= 0)) throw BadArgument("train: alpha must be >= 0");
+    std::vector<SurrogateLayerWeights> layers((size_t)n_layer);
+    std::vector<float> xl((size_t)n * n_embd), yl((size_t)n * n_head_kv);
+    for (int l = 0; l < n_layer; l++) {
+      for (int64_t i = 0; i < n; i++) {
+        std::copy_n(x + ((size_t)i * n_layer + l) * n_embd, n_embd, xl.data() + (size_t)i * n_embd);
+        std::copy_n(y + ((size_t)i * n_layer + l) * n_head_kv, n_head_kv, yl.data() + (size_t)i * n_head_kv);
+      }
+      RidgeResult r = fit_ridge(xl.data(), yl.data(), n, n_embd, n_head_kv, alpha);
+      layers[(size_t)l].w1 = std::move(r.weight);
+      layers[(size_t)l].b1 = std::move(r.bias);
+    }
+    Surrogate(n_embd, n_head_kv, 0, std::move(layers)).save(out_dir);
   });
 }
 

@@ -93,3 +93,16 @@ def test_kvzip_targets_views(smol):
     # Deterministic for a seed.
     t2 = smol.kvzip_targets(text, n_sample=16, seed=1)
     assert np.array_equal(t2.log_scores, ls) and np.array_equal(t2.sample, sample)
+
+
+def test_train_a_surrogate_from_python_and_load_it(smol, tmp_path):
+    texts = [CONTEXT, " ".join(f"Line {i} of a shopping list: {i * 3} apples and {i % 5} pears." for i in range(30))]
+    x, y = kvzap.train.collect(smol, texts, n_sample=48, seed=5)
+    assert x.shape[0] == y.shape[0] == 96 and x.shape[1] == y.shape[1] == smol.info["n_layer"]
+    out = kvzap.train.linear(x, y, str(tmp_path / "linear"), alpha=1.0)
+    assert (tmp_path / "linear" / "config.json").exists() and (tmp_path / "linear" / "model.safetensors").exists()
+    press = kvzap.KVzapPress(model_type="linear", surrogate=out, threshold=float(np.median(y)))
+    st = smol(CONTEXT, question="Which lamp was in room 7?", press=press, max_new_tokens=4, temperature=0)["kv_stats"]
+    assert 0 < st["evicted_fraction"] < 1  # the engine loaded and ran the Python-trained surrogate
+    with pytest.raises(kvzap.Error, match="x is"):
+        kvzap.train.linear(x, y[:5], str(tmp_path / "bad"))
