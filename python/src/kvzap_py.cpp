@@ -8,6 +8,8 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -27,6 +29,16 @@ struct KvzapError : std::runtime_error {
 
 void check(kvzap_status st) {
   if (st != KVZAP_OK) throw KvzapError(kvzap_last_error());
+}
+
+// One engine runs one call at a time (the C API's rule): every call that touches an engine or one of its
+// sequences releases the GIL first, then takes the engine's mutex, so threads sharing a pipeline queue up
+// instead of racing, and a streaming callback (which takes the GIL back) cannot deadlock with them.
+template <class F>
+auto locked(std::mutex& mu, F&& f) {
+  nb::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> lock(mu);
+  return f();
 }
 
 std::string take_string(char* s) {
@@ -115,11 +127,12 @@ struct Callback {
 
 struct Engine {
   kvzap_engine* h = nullptr;
+  std::shared_ptr<std::mutex> mu = std::make_shared<std::mutex>();
   Engine(Model& m, const std::string& options) { check(kvzap_engine_create(m.h, options.c_str(), &h)); }
   ~Engine() { kvzap_engine_free(h); }
   std::string info() const {
     char* s = nullptr;
-    check(kvzap_engine_info(h, &s));
+    check(locked(*mu, [&] { return kvzap_engine_info(h, &s); }));
     return take_string(s);
   }
   std::string pipeline_run(const std::string& request, Press* press, nb::object on_text) {
@@ -128,6 +141,7 @@ struct Engine {
     kvzap_status st;
     {
       nb::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> lock(*mu);
       st = kvzap_pipeline_run(h, request.c_str(), press ? press->h : nullptr, on_text.is_none() ? nullptr : &Callback::call,
                               &cb, &result);
     }
@@ -143,6 +157,7 @@ struct Engine {
     kvzap_status st;
     {
       nb::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> lock(*mu);
       st = kvzap_eval_ruler(h, press ? press->h : nullptr, options.c_str(), &result);
     }
     check(st);
@@ -175,14 +190,16 @@ struct Targets {
 struct Sequence {
   kvzap_sequence* h = nullptr;
   bool owned = true;
-  Sequence(kvzap_sequence* s, bool own) : h(s), owned(own) {}
+  std::shared_ptr<std::mutex> mu;
+  Sequence(kvzap_sequence* s, bool own, std::shared_ptr<std::mutex> m) : h(s), owned(own), mu(std::move(m)) {}
   ~Sequence() {
-    if (owned) kvzap_sequence_free(h);
+    if (owned) locked(*mu, [&] { kvzap_sequence_free(h); });
   }
   void prefill(const std::vector<int32_t>& ids, Press* press, const std::string& question) {
     kvzap_status st;
     {
       nb::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> lock(*mu);
       st = kvzap_sequence_prefill(h, ids.data(), ids.size(), press ? press->h : nullptr, question.c_str());
     }
     check(st);
@@ -191,27 +208,32 @@ struct Sequence {
     kvzap_status st;
     {
       nb::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> lock(*mu);
       st = kvzap_sequence_feed(h, ids.data(), ids.size());
     }
     check(st);
   }
-  void start_generation(const std::string& options) { check(kvzap_sequence_start_generation(h, options.c_str())); }
+  void start_generation(const std::string& options) {
+    check(locked(*mu, [&] { return kvzap_sequence_start_generation(h, options.c_str()); }));
+  }
   std::tuple<int32_t, bool, nb::bytes, std::string> decode_step() {
     kvzap_token_event ev{};
     kvzap_status st;
     {
       nb::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> lock(*mu);
       st = kvzap_sequence_decode_step(h, &ev);
     }
     check(st);
     return {ev.token, ev.finished != 0, nb::bytes(ev.text, ev.text_len), ev.finish_reason};
   }
-  void rewind(int64_t pos) { check(kvzap_sequence_rewind(h, pos)); }
-  void save(const std::string& path) const { check(kvzap_sequence_save(h, path.c_str())); }
+  void rewind(int64_t pos) { check(locked(*mu, [&] { return kvzap_sequence_rewind(h, pos); })); }
+  void save(const std::string& path) const { check(locked(*mu, [&] { return kvzap_sequence_save(h, path.c_str()); })); }
   void load(const std::string& path) {
     kvzap_status st;
     {
       nb::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> lock(*mu);
       st = kvzap_sequence_load(h, path.c_str());
     }
     check(st);
@@ -219,21 +241,21 @@ struct Sequence {
   // [n_layer, n_head_kv, n_past] booleans (a copy: the cache holds positions in 16-entry pages).
   nb::ndarray<nb::numpy, bool, nb::ndim<3>> kept_mask() const {
     kvzap_kv_stats s{};
-    check(kvzap_sequence_kv_stats(h, &s, nullptr, 0));
+    check(locked(*mu, [&] { return kvzap_sequence_kv_stats(h, &s, nullptr, 0); }));
     const size_t n = (size_t)s.n_layer * (size_t)s.n_head_kv * (size_t)s.n_past;
     auto* m = new uint8_t[n ? n : 1];
     nb::capsule owner(m, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
-    check(kvzap_sequence_kept_mask(h, m, n));
+    check(locked(*mu, [&] { return kvzap_sequence_kept_mask(h, m, n); }));
     return nb::ndarray<nb::numpy, bool, nb::ndim<3>>(reinterpret_cast<bool*>(m),
                                                      {(size_t)s.n_layer, (size_t)s.n_head_kv, (size_t)s.n_past}, owner);
   }
   nb::dict kv_stats() const {
     kvzap_kv_stats s{};
-    check(kvzap_sequence_kv_stats(h, &s, nullptr, 0));
+    check(locked(*mu, [&] { return kvzap_sequence_kv_stats(h, &s, nullptr, 0); }));
     const size_t n = (size_t)s.n_layer * (size_t)s.n_head_kv;
     auto* kept = new int64_t[n ? n : 1];
     nb::capsule owner(kept, [](void* p) noexcept { delete[] static_cast<int64_t*>(p); });
-    check(kvzap_sequence_kv_stats(h, &s, kept, n));
+    check(locked(*mu, [&] { return kvzap_sequence_kv_stats(h, &s, kept, n); }));
     nb::dict d;
     d["n_past"] = s.n_past;
     d["kv_bytes"] = s.bytes_resident;
@@ -316,6 +338,7 @@ NB_MODULE(_kvzap, m) {
              kvzap_status st;
              {
                nb::gil_scoped_release nogil;
+               std::lock_guard<std::mutex> lock(*e.mu);
                st = kvzap_record_context(e.h, ids.data(), ids.size(), &r);
              }
              check(st);
@@ -330,6 +353,7 @@ NB_MODULE(_kvzap, m) {
              kvzap_status st;
              {
                nb::gil_scoped_release nogil;
+               std::lock_guard<std::mutex> lock(*e.mu);
                st = kvzap_kvzip_targets(e.h, text.data(), text.size(), n_sample, seed, &t);
              }
              check(st);
@@ -341,15 +365,15 @@ NB_MODULE(_kvzap, m) {
       .def("new_sequence",
            [](Engine& e) {
              kvzap_sequence* s = nullptr;
-             check(kvzap_sequence_create(e.h, &s));
-             return new Sequence(s, true);
+             check(locked(*e.mu, [&] { return kvzap_sequence_create(e.h, &s); }));
+             return new Sequence(s, true, e.mu);
            },
            nb::keep_alive<0, 1>())
       .def("sequence",
            [](Engine& e) {
              kvzap_sequence* s = nullptr;
              check(kvzap_engine_sequence(e.h, &s));
-             return new Sequence(s, false);
+             return new Sequence(s, false, e.mu);
            },
            nb::keep_alive<0, 1>());
 
@@ -395,8 +419,8 @@ NB_MODULE(_kvzap, m) {
       .def("fork",
            [](const Sequence& s) {
              kvzap_sequence* f = nullptr;
-             check(kvzap_sequence_fork(s.h, &f));
-             return new Sequence(f, true);
+             check(locked(*s.mu, [&] { return kvzap_sequence_fork(s.h, &f); }));
+             return new Sequence(f, true, s.mu);
            },
            nb::keep_alive<0, 1>())
       .def("logits",
@@ -404,7 +428,7 @@ NB_MODULE(_kvzap, m) {
              const Sequence& s = nb::cast<const Sequence&>(self);
              const float* p = nullptr;
              size_t n = 0;
-             check(kvzap_sequence_logits(s.h, &p, &n));
+             check(locked(*s.mu, [&] { return kvzap_sequence_logits(s.h, &p, &n); }));
              // A read-only view of the engine's buffer (no copy), valid while the sequence lives and
              // until it changes; the array keeps the sequence alive.
              return nb::ndarray<nb::numpy, const float, nb::ndim<1>>(p, {n}, self);

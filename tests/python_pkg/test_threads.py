@@ -70,3 +70,32 @@ def test_two_pipelines_overlap():
     a_inside_b = [t for t in stamps[0] if b0 < t < b1]
     assert b_inside_a or a_inside_b, "the two pipelines ran one after the other"
     assert len(b_inside_a) + len(a_inside_b) >= 5
+
+
+def test_one_pipeline_shared_by_threads_queues_calls():
+    # The C API runs one call per engine at a time; the binding queues threads on a shared pipeline (no race,
+    # no crash) and each gets the answer it gets alone.
+    from conftest import TINY
+    pipe = kvzap.pipeline(TINY, threads=1, n_ctx=512)
+    press = kvzap.KnormPress(compression_ratio=0.5)
+    questions = [f"Which lamp was in room {i}?" for i in range(6)]
+    alone = {q: pipe(CONTEXT, question=q, press=press, max_new_tokens=8, temperature=0)["details"][0]["tokens"]
+             for q in questions}
+    got, errors = {}, []
+
+    def ask(q):
+        try:
+            got[q] = pipe(CONTEXT, question=q, press=press, max_new_tokens=8, temperature=0)["details"][0]["tokens"]
+            seq = pipe.new_sequence()
+            seq.prefill(pipe.tokenize(CONTEXT, add_bos=True))
+            seq.fork().kv_stats()
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    ths = [threading.Thread(target=ask, args=(q,)) for q in questions]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join()
+    assert not errors, errors
+    assert got == alone
