@@ -117,6 +117,13 @@ kvzap_status guarded_args(F&& f) {
   }
 }
 
+// Detaches a press the caller owns from a sequence when leaving scope, exception or not: the sequence must
+// never keep a pointer to a press that dies with the call.
+struct DetachPress {
+  Sequence& seq;
+  ~DetachPress() { seq.attach_press(nullptr); }
+};
+
 void need(const void* p, const char* what) {
   if (!p) throw BadArgument(std::string(what) + " must not be NULL");
 }
@@ -471,10 +478,13 @@ kvzap_status kvzap_pipeline_run(kvzap_engine* engine, const char* request_json, 
     std::unique_ptr<Press> run_press = press ? press->proto->clone() : nullptr;
     std::function<bool(size_t, const std::string&)> cb;
     if (on_text) cb = [&](size_t qi, const std::string& piece) { return on_text(user, qi, piece.data(), piece.size()) != 0; };
-    QaResult r = answer_questions(s, run_press.get(), cp, g, cb);
-    // The engine's sequence holds the compressed context; the press keeps judging only if it prunes
-    // while decoding, and it dies here: detach it.
-    s.sequence().attach_press(nullptr);
+    engine->own.tokens.clear();
+    QaResult r;
+    {
+      // The engine's sequence holds the compressed context afterwards; the press dies with this call.
+      const DetachPress detach{s.sequence()};
+      r = answer_questions(s, run_press.get(), cp, g, cb);
+    }
     engine->own.tokens = cp.context_ids;
     engine->own.press_key = press_spec_key(press ? &press->spec : nullptr);
 
@@ -528,9 +538,12 @@ kvzap_status kvzap_eval_ruler(kvzap_engine* engine, const kvzap_press* press, co
     std::unique_ptr<Press> run_press = press ? press->proto->clone() : nullptr;
     eval::RunOptions ro;
     ro.quiet = true;
-    const std::vector<eval::SampleOutcome> out = eval::run_samples(s, run_press.get(), prompts, samples, ro);
-    s.sequence().attach_press(nullptr);
     engine->own.tokens.clear();
+    std::vector<eval::SampleOutcome> out;
+    {
+      const DetachPress detach{s.sequence()};
+      out = eval::run_samples(s, run_press.get(), prompts, samples, ro);
+    }
     json arr = json::array();
     for (const eval::SampleOutcome& r : out) arr.push_back(eval::outcome_to_json(r));
     out_json(result_json, arr);
@@ -627,8 +640,13 @@ kvzap_status kvzap_kvzip_targets(kvzap_engine* engine, const char* text, size_t 
     const std::vector<int64_t> sample = sample_positions(p.n_text(), std::min<int64_t>((int64_t)n_sample, p.n_text()), seed);
     TargetComputer tc(s.model());
     auto r = std::make_unique<kvzap_targets>();
-    r->t = tc.compute(s, p, sample);
-    s.reset();  // the repeat pass leaves its cache behind
+    try {
+      r->t = tc.compute(s, p, sample);
+    } catch (...) {
+      s.reset();
+      throw;
+    }
+    s.reset();  // the repeat pass leaves its cache (and its observer) behind
     engine->own.tokens.clear();
     r->ids = p.ids;
     r->start_prompt = p.start_prompt;
