@@ -159,6 +159,12 @@ void kvzap_targets_free(kvzap_targets* targets);
 kvzap_status kvzap_train_linear_surrogate(const float* x, const float* y, int64_t n, int32_t n_layer, int32_t n_embd,
                                           int32_t n_head_kv, double alpha, const char* out_dir);
 
+/* The same for KVzap-MLP (`kvzap train --mlp`'s AdamW trainer): options_json NULL or {"hidden_dim" (0 =
+ * n_embd / 8), "epochs": 15, "batch_size": 512, "lr": 5e-3, "weight_decay": 0.01, "valid_fraction": 0.05,
+ * "seed": 0}. Use it as {"press": "kvzap-mlp", "surrogate": out_dir}. */
+kvzap_status kvzap_train_mlp_surrogate(const float* x, const float* y, int64_t n, int32_t n_layer, int32_t n_embd,
+                                       int32_t n_head_kv, const char* options_json, const char* out_dir);
+
 /* ---- sequences ---- */
 /* A new empty sequence of the engine; free it before the engine. */
 kvzap_status kvzap_sequence_create(kvzap_engine* engine, kvzap_sequence** out);

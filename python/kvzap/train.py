@@ -26,6 +26,17 @@ def linear(x, y, out_dir: str, alpha: float = 1.0) -> str:
     return str(out_dir)
 
 
+def mlp(x, y, out_dir: str, **options) -> str:
+    """Trains KVzap-MLP (the engine's AdamW trainer, `kvzap train --mlp`) on x [n, layer, n_embd] and
+    y [n, layer, KV head]; options: hidden_dim, epochs, batch_size, lr, weight_decay, valid_fraction, seed
+    (the engine's defaults otherwise). Writes the folder for kvzap.KVzapPress(model_type="mlp",
+    surrogate=out_dir); returns out_dir."""
+    import json
+    _kvzap.train_mlp_surrogate(np.ascontiguousarray(x, dtype=np.float32), np.ascontiguousarray(y, dtype=np.float32),
+                               json.dumps(options), str(out_dir))
+    return str(out_dir)
+
+
 def collect(pipe, texts: Iterable[str], n_sample: int = 64, seed: int = 0) -> tuple:
     """Stacked (x, y) pairs of several texts (Pipeline.kvzip_targets, then pairs())."""
     xs, ys = [], []

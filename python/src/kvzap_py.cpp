@@ -314,6 +314,23 @@ NB_MODULE(_kvzap, m) {
       },
       "x"_a, "y"_a, "alpha"_a, "out_dir"_a);
 
+  m.def(
+      "train_mlp_surrogate",
+      [](nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu> x,
+         nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu> y, const std::string& options,
+         const std::string& out_dir) {
+        if (x.shape(0) != y.shape(0) || x.shape(1) != y.shape(1))
+          throw KvzapError("train_mlp_surrogate: x is [n, layer, n_embd] and y [n, layer, n_head_kv]");
+        kvzap_status st;
+        {
+          nb::gil_scoped_release nogil;
+          st = kvzap_train_mlp_surrogate(x.data(), y.data(), (int64_t)x.shape(0), (int32_t)x.shape(1),
+                                         (int32_t)x.shape(2), (int32_t)y.shape(2), options.c_str(), out_dir.c_str());
+        }
+        check(st);
+      },
+      "x"_a, "y"_a, "options"_a, "out_dir"_a);
+
   nb::class_<Model>(m, "Model")
       .def(nb::init<const std::string&, const std::string&>(), "path"_a, "options"_a = "")
       .def("info", &Model::info)

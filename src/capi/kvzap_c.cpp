@@ -29,6 +29,7 @@
 #include "press/press.h"
 #include "press/press_spec.h"
 #include "tokenizer/chat_prompt.h"
+#include "train/mlp.h"
 #include "train/ridge.h"
 #include "train/targets.h"
 #include "press/surrogate.h"
@@ -693,6 +694,37 @@ kvzap_status kvzap_train_linear_surrogate(const float* x, const float* y, int64_
       layers[(size_t)l].b1 = std::move(r.bias);
     }
     Surrogate(n_embd, n_head_kv, 0, std::move(layers)).save(out_dir);
+  });
+}
+
+kvzap_status kvzap_train_mlp_surrogate(const float* x, const float* y, int64_t n, int32_t n_layer, int32_t n_embd,
+                                       int32_t n_head_kv, const char* options_json, const char* out_dir) {
+  return guarded_args([&] {
+    need(x, "x");
+    need(y, "y");
+    need(out_dir, "out_dir");
+    if (n < 2 || n_layer < 1 || n_embd < 1 || n_head_kv < 1)
+      throw BadArgument("train: need n >= 2 samples and positive n_layer, n_embd, n_head_kv");
+    const json o = parse_json(options_json, "options_json");
+    check_object(o, "options", {"hidden_dim", "epochs", "batch_size", "lr", "weight_decay", "valid_fraction", "seed"});
+    using namespace json_fields;
+    MlpOptions mo;
+    if (o.contains("hidden_dim")) mo.hidden_dim = (int)get_integer(o["hidden_dim"], "options.hidden_dim", 0, 1 << 16);
+    if (o.contains("epochs")) mo.epochs = (int)get_integer(o["epochs"], "options.epochs", 1, 10000);
+    if (o.contains("batch_size")) mo.batch_size = (int)get_integer(o["batch_size"], "options.batch_size", 1, 1 << 20);
+    if (o.contains("lr")) mo.lr = get_number(o["lr"], "options.lr", 0, 10);
+    if (o.contains("weight_decay")) mo.weight_decay = get_number(o["weight_decay"], "options.weight_decay", 0, 10);
+    if (o.contains("valid_fraction")) mo.valid_fraction = get_number(o["valid_fraction"], "options.valid_fraction", 0, 0.5);
+    if (o.contains("seed")) mo.seed = (uint64_t)get_integer(o["seed"], "options.seed", 0, INT64_MAX);
+    DatasetShape shape;
+    shape.n_layers = n_layer;
+    shape.d_model = n_embd;
+    shape.n_heads = n_head_kv;
+    shape.x_dtype = DatasetDtype::F32;
+    Dataset ds(shape);
+    for (int64_t i = 0; i < n; i++)
+      ds.append(0, (uint32_t)i, x + (size_t)i * n_layer * n_embd, y + (size_t)i * n_layer * n_head_kv);
+    train_mlp(ds, mo).save(out_dir);
   });
 }
 

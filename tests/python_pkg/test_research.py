@@ -106,3 +106,10 @@ def test_train_a_surrogate_from_python_and_load_it(smol, tmp_path):
     assert 0 < st["evicted_fraction"] < 1  # the engine loaded and ran the Python-trained surrogate
     with pytest.raises(kvzap.Error, match="x is"):
         kvzap.train.linear(x, y[:5], str(tmp_path / "bad"))
+    out = kvzap.train.mlp(x, y, str(tmp_path / "mlp"), epochs=2, seed=1)
+    # Above every target: all but the protected recent window goes, whatever two epochs learnt.
+    press = kvzap.KVzapPress(model_type="mlp", surrogate=out, threshold=float(y.max()) + 10)
+    st = smol(CONTEXT, question="Which lamp was in room 7?", press=press, max_new_tokens=4, temperature=0)["kv_stats"]
+    assert 0 < st["evicted_fraction"] < 1
+    with pytest.raises(kvzap.Error, match="epochs"):
+        kvzap.train.mlp(x, y, str(tmp_path / "bad"), epochs=0)
