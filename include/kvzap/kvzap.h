@@ -136,6 +136,12 @@ kvzap_status kvzap_recording_steps(const kvzap_recording* rec, size_t* n_steps_o
 kvzap_status kvzap_recording_tensor(const kvzap_recording* rec, size_t step, int layer, const char* which,
                                     const float** data_out, int64_t* n_tok_out, int64_t* n_heads_out, int64_t* width_out);
 
+/* The scores a KVzap press (spec_json: kvzap-linear or kvzap-mlp, its surrogate folder or the shipped one)
+ * gives the recorded tokens of one step and layer: out [n_tok][n_head_kv] predicted log KVzip+ scores (the
+ * threshold policy evicts an entry scoring below the threshold once it leaves the window). */
+kvzap_status kvzap_kvzap_scores(const kvzap_model* model, const char* spec_json, const kvzap_recording* rec, size_t step,
+                                int layer, float* out, size_t out_len);
+
 /* KVzip+ training targets (`kvzap collect`, docs/ALGORITHMS.md): the model reads text + "Repeat the previous
  * context exactly." + text in one pass (the engine's n_ctx and n_batch must hold it); log_scores
  * [n_layer][n_head_kv][n_text] are the log KVzip+ scores of every position of the first copy, x

@@ -217,6 +217,11 @@ class Pipeline:
         ids = self.tokenize(text_or_ids, add_bos=add_bos) if isinstance(text_or_ids, str) else list(text_or_ids)
         return self.engine.record_context(ids)
 
+    def kvzap_scores(self, recording, press: "BasePress", layer: int, step: int = 0):
+        """The scores `press` (a KVzapPress) gives the tokens of a recording (Pipeline.record) at one layer:
+        [n_tok, KV head] predicted log KVzip+ scores, what its threshold is compared with."""
+        return _kvzap.kvzap_scores(self.model, json.dumps(press.spec), recording, layer, step)
+
     def kvzip_targets(self, text: str, n_sample: int = 64, seed: int = 0):
         """KVzip+ targets of a text (what `kvzap collect` stores): .log_scores [layer, KV head, n_text] numpy
         view of the log KVzip+ score of every text position, .x [n_sample, layer, n_embd] the hidden states h

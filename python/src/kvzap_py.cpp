@@ -339,6 +339,26 @@ NB_MODULE(_kvzap, m) {
       .def("apply_chat_template", &Model::apply_chat_template, "messages"_a, "add_generation_prompt"_a = true)
       .def("chat_tokens", &Model::chat_tokens, "messages"_a, "add_generation_prompt"_a = true);
 
+  m.def(
+      "kvzap_scores",
+      [](Model& model, const std::string& spec, Recording& rec, int layer, size_t step) {
+        kvzap_recording* r = rec.h;
+        const float* p = nullptr;
+        int64_t n_tok = 0, heads = 0, width = 0;
+        check(kvzap_recording_tensor(r, step, layer, "k", &p, &n_tok, &heads, &width));
+        const size_t n = (size_t)n_tok * (size_t)heads;
+        auto* out = new float[n ? n : 1];
+        nb::capsule owner(out, [](void* q) noexcept { delete[] static_cast<float*>(q); });
+        kvzap_status st;
+        {
+          nb::gil_scoped_release nogil;
+          st = kvzap_kvzap_scores(model.h, spec.c_str(), r, step, layer, out, n);
+        }
+        check(st);
+        return nb::ndarray<nb::numpy, float, nb::ndim<2>>(out, {(size_t)n_tok, (size_t)heads}, owner);
+      },
+      "model"_a, "spec"_a, "recording"_a, "layer"_a, "step"_a = 0);
+
   nb::class_<Press>(m, "Press")
       .def(nb::init<Model&, const std::string&>(), "model"_a, "spec"_a, nb::keep_alive<1, 2>())
       .def("spec", &Press::spec)

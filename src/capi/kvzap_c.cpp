@@ -728,6 +728,32 @@ kvzap_status kvzap_train_mlp_surrogate(const float* x, const float* y, int64_t n
   });
 }
 
+kvzap_status kvzap_kvzap_scores(const kvzap_model* model, const char* spec_json, const kvzap_recording* rec, size_t step,
+                                int layer, float* out, size_t out_len) {
+  return guarded_args([&] {
+    need(model, "model");
+    need(spec_json, "spec_json");
+    need(rec, "rec");
+    need(out, "out");
+    const PressSpec spec = press_spec_from_json(parse_json(spec_json, "spec_json"));
+    std::string kind;
+    if (spec.name == "kvzap-linear") kind = "linear";
+    else if (spec.name == "kvzap-mlp") kind = "mlp";
+    else throw BadArgument("kvzap scores need a kvzap-linear or kvzap-mlp press spec, got '" + spec.name + "'");
+    const auto& steps = rec->rec->steps();
+    if (step >= steps.size()) throw BadArgument("step " + std::to_string(step) + " out of range");
+    if (layer < 0 || layer >= rec->cfg.n_layer) throw BadArgument("layer " + std::to_string(layer) + " out of range");
+    const std::unique_ptr<Surrogate> sur = Surrogate::load(kvzap_surrogate_dir(spec, *model->model, kind));
+    if (sur->n_layers() != rec->cfg.n_layer || sur->input_dim() != rec->cfg.n_embd || sur->output_dim() != rec->cfg.n_head_kv)
+      throw Error("the surrogate does not fit the recorded model");
+    const RecordedStep& st = steps[step];
+    if (out_len < (size_t)st.n_tok * (size_t)sur->output_dim())
+      throw BadArgument("out holds " + std::to_string(out_len) + " floats, needs n_tok * n_head_kv");
+    std::vector<float> scratch((size_t)std::max<int64_t>(1, sur->scratch_floats(st.n_tok)));
+    sur->predict(layer, st.layers[(size_t)layer].h.data(), st.n_tok, out, scratch.data());
+  });
+}
+
 // ---- sequences ----
 
 kvzap_status kvzap_sequence_create(kvzap_engine* engine, kvzap_sequence** out) {

@@ -113,3 +113,24 @@ def test_train_a_surrogate_from_python_and_load_it(smol, tmp_path):
     assert 0 < st["evicted_fraction"] < 1
     with pytest.raises(kvzap.Error, match="epochs"):
         kvzap.train.mlp(x, y, str(tmp_path / "bad"), epochs=0)
+
+
+def test_kvzap_scores_explain_the_kept_set(smol):
+    # The surrogate's scores of a recorded prefill decide, with the threshold and the window, exactly which
+    # entries the KVzap press keeps.
+    ids = smol.tokenize(CONTEXT, add_bos=True)
+    rec = smol.record(ids)
+    probe = kvzap.KVzapPress(model_type="linear", threshold=0.0)
+    scores = np.stack([smol.kvzap_scores(rec, probe, layer) for layer in range(smol.info["n_layer"])])
+    assert scores.shape == (smol.info["n_layer"], len(ids), smol.info["n_head_kv"])
+    threshold = float(np.median(scores))
+    press = kvzap.KVzapPress(model_type="linear", threshold=threshold, window=32)
+    seq = smol.new_sequence()
+    seq.prefill(ids, smol.press(press))
+    mask = seq.kept_mask()  # [layer, head, position]
+    judged = np.arange(len(ids)) < len(ids) - 32
+    expect = (scores.transpose(0, 2, 1) >= threshold) | ~judged
+    assert 0.2 < 1 - mask.mean() < 0.8
+    assert np.array_equal(mask, expect)
+    with pytest.raises(kvzap.Error, match="kvzap-linear or kvzap-mlp"):
+        smol.kvzap_scores(rec, kvzap.KnormPress(compression_ratio=0.5), 0)
