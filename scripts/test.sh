@@ -43,7 +43,7 @@ python3 -m pytest -q tests/python/test_server*.py || pytest_rc=$?
 if [ "$pytest_rc" -ne 0 ]; then failed=$((failed + 1)); echo "!! FAILED: server tests (pytest exit $pytest_rc)"; fi
 # The Python package (docs/python.md): built against $BUILD_DIR's libkvzap.so in a fresh venv (only the
 # nanobind binding compiles), pytest against the installed package (scripts/test_python_pkg.sh). About 1 min
-# on 2 cores with cold caches (venv, PyPI build tools, binding, 58 tests). KVZAP_PYTHON_TESTS=0 skips it.
+# on 2 cores with cold caches (venv, PyPI build tools, binding, 62 tests). KVZAP_PYTHON_TESTS=0 skips it.
 if [ "${KVZAP_PYTHON_TESTS:-1}" = 1 ]; then
   echo "== python package tests"
   if ! bash scripts/test_python_pkg.sh; then failed=$((failed + 1)); echo "!! FAILED: python package tests"; fi
