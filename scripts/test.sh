@@ -41,6 +41,16 @@ echo "== pytest tests/python/test_server*.py"
 pytest_rc=0
 python3 -m pytest -q tests/python/test_server*.py || pytest_rc=$?
 if [ "$pytest_rc" -ne 0 ]; then failed=$((failed + 1)); echo "!! FAILED: server tests (pytest exit $pytest_rc)"; fi
+# The Python package (docs/python.md): built against $BUILD_DIR's libkvzap.so in a fresh venv (only the
+# nanobind binding compiles), pytest against the installed package (scripts/test_python_pkg.sh). About 1 min
+# on 2 cores with cold caches (venv, PyPI build tools, binding, 62 tests). KVZAP_PYTHON_TESTS=0 skips it.
+if [ "${KVZAP_PYTHON_TESTS:-1}" = 1 ]; then
+  echo "== python package tests"
+  if ! bash scripts/test_python_pkg.sh; then failed=$((failed + 1)); echo "!! FAILED: python package tests"; fi
+else
+  echo "SKIPPED: python package tests (KVZAP_PYTHON_TESTS=0)"
+  skipped=$((skipped + 1))
+fi
 # Sanitizer jobs (scripts/test_sanitizers.sh, docs/RELIABILITY.md): the whole suite under ASan+UBSan, the
 # threaded parts and the server tests under TSan, each in its own build folder. Off unless
 # KVZAP_SANITIZERS=1 (or a job list: KVZAP_SANITIZERS=asan,tsan); .ci/run sets KVZAP_SANITIZERS=asan,tsan

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -105,9 +106,30 @@ std::vector<CatalogueEntry> model_catalogue() {
   return c;
 }
 
+namespace {
+std::string lower(std::string s) {
+  for (char& c : s) c = (char)std::tolower((unsigned char)c);
+  return s;
+}
+// "SmolLM2-135M-Instruct.Q4_1.gguf" -> "smollm2-135m-instruct": the file name without ".gguf" and its
+// quantisation suffix ("[.-]Q<digit>..."), lower case.
+std::string model_part(const std::string& file) {
+  std::string s = lower(file);
+  if (s.size() > 5 && s.ends_with(".gguf")) s.resize(s.size() - 5);
+  const size_t cut = s.find_last_of(".-");
+  if (cut != std::string::npos && cut + 2 < s.size() && s[cut + 1] == 'q' && std::isdigit((unsigned char)s[cut + 2]))
+    s.resize(cut);
+  return s;
+}
+}  // namespace
+
 const CatalogueEntry* find_catalogue_entry(const std::vector<CatalogueEntry>& cat, const std::string& name) {
   for (const CatalogueEntry& e : cat)
     if (e.name == name) return &e;
+  // Case-insensitive, and the model's own name as Hugging Face spells it ("SmolLM2-135M-Instruct").
+  const std::string want = lower(name);
+  for (const CatalogueEntry& e : cat)
+    if (lower(e.name) == want || model_part(e.file) == want) return &e;
   return nullptr;
 }
 

@@ -26,7 +26,8 @@ struct CatalogueEntry {
 // The built-in entries, plus those of the JSON file $KVZAP_CATALOGUE_EXTRA (tests use it to add fakes):
 // [{"name", "file", "description", "size", "sha256", "parts": [{"package", "member"}]}].
 std::vector<CatalogueEntry> model_catalogue();
-// The entry called `name`, or null.
+// The entry called `name` (exactly, else case-insensitively, else by its file's model name such as
+// "SmolLM2-135M-Instruct"), or null.
 const CatalogueEntry* find_catalogue_entry(const std::vector<CatalogueEntry>& cat, const std::string& name);
 // Makes sure the entry's file is in models_dir() with the right size and sha256; returns its path. A
 // second call only verifies. Throws kvzap::Error naming the package that could not be fetched or the

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "common/data_dir.h"
 #include "common/rng.h"
 #include "kvzap/error.h"
 
@@ -107,11 +108,7 @@ std::vector<std::string> split_sentences(std::string_view p) {
 
 std::string default_eval_data_dir() {
   if (const char* env = std::getenv("KVZAP_EVAL_DATA"); env && *env) return env;
-#ifdef KVZAP_SOURCE_DIR
-  return std::string(KVZAP_SOURCE_DIR) + "/data/eval";
-#else
-  return "data/eval";
-#endif
+  return data_dir() + "/eval";
 }
 
 std::shared_ptr<const EvalData> load_eval_data(const std::string& dir_in) {

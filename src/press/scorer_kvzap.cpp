@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 
+#include "common/data_dir.h"
 #include "kvzap/error.h"
 #include "model/model.h"
 #include "press/press.h"
@@ -103,11 +104,11 @@ RegisterScorer reg_mlp({"kvzap-mlp", "KVzap-MLP: a per-layer 2-layer MLP surroga
 
 }  // namespace
 
-// The surrogate folder: --surrogate DIR, else <source>/data/surrogates/<model name>/<kind> if shipped.
+// The surrogate folder: --surrogate DIR, else <data_dir()>/surrogates/<model name>/<kind> if shipped.
 std::string kvzap_surrogate_dir(const PressSpec& opt, const Model& model, const std::string& kind) {
   if (!opt.surrogate_dir.empty()) return opt.surrogate_dir;
   const std::string& name = model.config().name;
-  const fs::path root = fs::path(KVZAP_SOURCE_DIR) / "data" / "surrogates";
+  const fs::path root = fs::path(data_dir()) / "surrogates";
   for (const std::string& n : {name, folder_name(name)}) {
     if (n.empty()) continue;
     const fs::path dir = root / n / kind;

@@ -1,0 +1,308 @@
+"""kvzap: a KV-cache pruning inference engine with a kvpress-shaped Python API.
+
+    import kvzap
+    pipe = kvzap.pipeline("SmolLM2-135M-Instruct")      # a pulled name, a GGUF path or an HF folder
+    press = kvzap.ExpectedAttentionPress(compression_ratio=0.5)
+    answer = pipe(context, question=question, press=press)["answer"]
+
+This module is a thin layer: presses are JSON press specs handed to the engine (its registry owns every
+press and its defaults), the pipeline is the engine's (context compressed once, each question answered on a
+copy-on-write fork), and errors are the engine's messages as kvzap.Error. See docs/python.md.
+"""
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import warnings
+from typing import Any, Iterator, Optional
+
+import numpy as np
+
+from . import _kvzap
+from ._kvzap import Error
+
+
+__all__ = ["Error", "Pipeline", "BasePress", "pipeline", "presses", "data_dir", "version", "AdaKVPress", "DMSPress"]
+
+version = _kvzap.version()
+data_dir = _kvzap.data_dir
+
+# kvpress argument names -> press spec fields (press/press_spec.h). Anything else is refused by the engine
+# with the field's name.
+_ARG_FIELDS = {
+    "compression_ratio": "ratio",
+    "sliding_window_size": "window",
+}
+
+
+def _spec_fields(kwargs: dict) -> dict:
+    return {_ARG_FIELDS.get(k, k): v for k, v in kwargs.items() if v is not None}
+
+
+class BasePress:
+    """A press: a JSON press spec (kvzap presses / press_spec.h). Arguments are checked by the engine at
+    construction (kvzap.Error names a bad field); the press is built for a model when a pipeline runs it."""
+
+    press_name: str = ""
+
+    def __init__(self, **kwargs: Any):
+        self._kwargs = dict(kwargs)
+        spec = {"press": self.press_name, **self._scope(), **_spec_fields(kwargs)}
+        self.spec = json.loads(_kvzap.press_spec_normalize(json.dumps(spec)))
+
+    def _scope(self) -> dict:
+        # kvpress splits a ratio budget its own way per press (the registry's kvpress_ratio_scope).
+        scope = _REGISTRY.get(self.press_name, {}).get("kvpress_ratio_scope")
+        return {"ratio_scope": scope} if scope else {}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self._kwargs.items())
+        return f"{type(self).__name__}({args})"
+
+
+def _registry() -> dict:
+    return {p["name"]: p for p in json.loads(_kvzap.presses())}
+
+
+_REGISTRY = _registry()
+
+
+def _make_class(entry: dict) -> type:
+    doc = entry["description"]
+    return type(entry["python_class"], (BasePress,), {"press_name": entry["name"], "__doc__": doc})
+
+
+class KVzapPress(BasePress):
+    """KVzap: a surrogate predicts log KVzip+ scores from the hidden states. model_type "mlp" or "linear";
+    threshold=T evicts pairs scoring below T (kvpress's DMSPress), compression_ratio=r a fixed fraction."""
+
+    def __init__(self, model_type: str = "mlp", **kwargs: Any):
+        if model_type not in ("mlp", "linear"):
+            raise Error(f"KVzapPress: model_type must be 'mlp' or 'linear', got {model_type!r}")
+        self.press_name = "kvzap-" + model_type
+        super().__init__(**kwargs)
+        self._kwargs = {"model_type": model_type, **kwargs}
+
+
+class AdaKVPress(BasePress):
+    """AdaKV(press): the ratio budget shared per layer by the heads, each keeping a share (the registry's
+    adakv_<press>)."""
+
+    def __init__(self, press: BasePress, **kwargs: Any):
+        if not isinstance(press, BasePress):
+            raise Error(f"AdaKVPress: press must be a kvzap press, got {type(press).__name__}")
+        inner = {k: v for k, v in press.spec.items() if k not in ("press", "ratio_scope")}
+        self.press_name = "adakv_" + press.spec["press"] if not press.spec["press"].startswith("adakv_") else press.spec["press"]
+        self._kwargs = {"press": press, **kwargs}
+        spec = {"press": self.press_name, **inner, **_spec_fields(kwargs)}
+        self.spec = json.loads(_kvzap.press_spec_normalize(json.dumps(spec)))
+
+
+class DMSPress(BasePress):
+    """DMSPress(press, threshold, decoding=False, sliding_window_size=128): the threshold policy over a
+    per-token scorer, as kvpress's DMSPress (the engine's threshold policy)."""
+
+    def __init__(self, press: BasePress, threshold: Optional[float] = None, decoding: Optional[bool] = None,
+                 sliding_window_size: Optional[int] = None, **kwargs: Any):
+        if not isinstance(press, BasePress):
+            raise Error(f"DMSPress: press must be a kvzap press, got {type(press).__name__}")
+        inner = {k: v for k, v in press.spec.items() if k not in ("ratio",)}
+        self.press_name = press.spec["press"]
+        self._kwargs = {"press": press, "threshold": threshold, "decoding": decoding,
+                        "sliding_window_size": sliding_window_size, **kwargs}
+        spec = {**inner, **_spec_fields({"threshold": threshold, "decoding": decoding,
+                                         "sliding_window_size": sliding_window_size, **kwargs})}
+        self.spec = json.loads(_kvzap.press_spec_normalize(json.dumps(spec)))
+
+
+for _entry in _REGISTRY.values():
+    _cls_name = _entry["python_class"]
+    if _cls_name in globals():
+        continue
+    globals()[_cls_name] = _make_class(_entry)
+    __all__.append(_cls_name)
+__all__.append("KVzapPress")
+
+
+def presses() -> list:
+    """Every press of the engine's registry: name, description, Python class, whether kvpress has it."""
+    return list(_REGISTRY.values())
+
+
+class Pipeline:
+    """The kvpress pipeline on the engine: pipe(context, question=..., press=...) -> {"answer": ...}."""
+
+    def __init__(self, model: Optional[str] = None, *, threads: int = 0, n_ctx: int = 0, n_batch: int = 0,
+                 kv_type: Optional[str] = None, quantize: Optional[str] = None, kv_budget: Optional[int] = None):
+        load = {"quantize": quantize} if quantize else {}
+        self.model = _kvzap.Model(model or "", json.dumps(load))
+        opts = {"threads": threads, "n_ctx": n_ctx, "n_batch": n_batch}
+        if kv_type:
+            opts["kv_type"] = kv_type
+        if kv_budget is not None:
+            opts["kv_budget"] = kv_budget
+        self.engine = _kvzap.Engine(self.model, json.dumps(opts))
+        self.info = json.loads(self.model.info())
+        self._presses: dict = {}
+
+    def _press(self, press: Optional[BasePress]):
+        if press is None:
+            return None
+        if not isinstance(press, BasePress):
+            raise Error(f"press must be a kvzap press (kvzap.presses()), got {type(press).__name__}")
+        key = json.dumps(press.spec, sort_keys=True)
+        if key not in self._presses:
+            self._presses[key] = _kvzap.Press(self.model, key)
+        return self._presses[key]
+
+    def _request(self, context, question, questions, gen) -> dict:
+        if question is not None and questions is not None:
+            raise Error("give question or questions, not both")
+        qs = [question] if question is not None else list(questions or [])
+        req = {"context": context, "questions": qs}
+        req.update({k: v for k, v in gen.items() if v is not None})
+        return req
+
+    @staticmethod
+    def _stats(r: dict) -> dict:
+        keys = ("n_context_tokens", "context_seconds", "press", "press_spec", "evicted_fraction", "kv_bytes",
+                "kv_bytes_full", "evicted_fraction_end", "kv_bytes_end", "kv_bytes_full_end")
+        stats = {k: r[k] for k in keys}
+        stats["kv_lengths"] = np.asarray(r["kv_lengths"], dtype=np.int64)
+        return stats
+
+    def __call__(self, context: str, question: Optional[str] = None, questions: Optional[list] = None,
+                 press: Optional[BasePress] = None, *, max_new_tokens: Optional[int] = None,
+                 temperature: Optional[float] = None, top_k: Optional[int] = None, top_p: Optional[float] = None,
+                 min_p: Optional[float] = None, seed: Optional[int] = None, stop: Optional[list] = None,
+                 chat: Optional[bool] = None, answer_prefix: Optional[str] = None, stream: bool = False):
+        """Compress `context` once under `press`, answer each question on its own fork. Returns
+        {"answer": text} for question=..., {"answers": [...]} for questions=[...], with "kv_stats" and the
+        per-answer "details" (tokens, stop reason, timings). stream=True returns an iterator of text pieces
+        instead (its .result is that dictionary once exhausted). Sampling defaults are `kvzap generate`'s;
+        temperature=0 is greedy."""
+        gen = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                   seed=seed, stop=stop, chat=chat, answer_prefix=answer_prefix)
+        req = self._request(context, question, questions, gen)
+        p = self._press(press)
+        single = question is not None
+        if stream:
+            return _Stream(self, json.dumps(req), p, single)
+        return self._result(json.loads(self.engine.pipeline_run(json.dumps(req), p, None)), single)
+
+    def _result(self, r: dict, single: bool) -> dict:
+        answers = [a["text"] for a in r["answers"]]
+        out: dict = {"answer": answers[0]} if single else {"answers": answers}
+        out["details"] = r["answers"]
+        out["kv_stats"] = self._stats(r)
+        out["context_tokens"] = r["context_tokens"]
+        return out
+
+    # Lower-level access: tokenizer, chat template, sequences (prefill under a press, fork, decode).
+    def tokenize(self, text: str, add_bos: bool = False, parse_special: bool = True) -> list:
+        return self.model.tokenize(text, add_bos, parse_special)
+
+    def detokenize(self, ids: list, skip_special: bool = False) -> str:
+        return self.model.detokenize(ids, skip_special).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages: list, add_generation_prompt: bool = True) -> str:
+        return self.model.apply_chat_template(json.dumps(messages), add_generation_prompt)
+
+    def record(self, text_or_ids, add_bos: bool = True):
+        """Prefills a context without a press and records what a press sees, per layer: .tensor("h", layer)
+        is a read-only numpy view [n_tok, n_embd] of the post-norm hidden states KVzap scores; "q", "k", "v"
+        give [n_tok, heads, head_dim] (after RoPE). step= selects a forward step when n_batch cut the
+        context (.n_steps)."""
+        ids = self.tokenize(text_or_ids, add_bos=add_bos) if isinstance(text_or_ids, str) else list(text_or_ids)
+        return self.engine.record_context(ids)
+
+    def kvzap_scores(self, recording, press: "BasePress", layer: int, step: int = 0):
+        """The scores `press` (a KVzapPress) gives the tokens of a recording (Pipeline.record) at one layer:
+        [n_tok, KV head] predicted log KVzip+ scores, what its threshold is compared with."""
+        return _kvzap.kvzap_scores(self.model, json.dumps(press.spec), recording, layer, step)
+
+    def kvzip_targets(self, text: str, n_sample: int = 64, seed: int = 0):
+        """KVzip+ targets of a text (what `kvzap collect` stores): .log_scores [layer, KV head, n_text] numpy
+        view of the log KVzip+ score of every text position, .x [n_sample, layer, n_embd] the hidden states h
+        at .sample (text offsets): the surrogate's training pairs are (x[s, l], log_scores[l, :, sample[s]])."""
+        return self.engine.kvzip_targets(text, n_sample, seed)
+
+    def new_sequence(self):
+        return self.engine.new_sequence()
+
+    def press(self, press: Optional[BasePress]):
+        """The engine-side press for a spec (validated against this model), for Sequence.prefill."""
+        return self._press(press)
+
+
+class _Stream:
+    """Text pieces of a pipeline call as the engine produces them. The call runs in a worker thread with the
+    GIL released; pieces cross through a queue. Closing the iterator early stops the generation."""
+
+    _END = object()
+
+    def __init__(self, pipe: Pipeline, request: str, press, single: bool):
+        self._pipe, self._single = pipe, single
+        self._q: queue.Queue = queue.Queue()
+        self._stop = False
+        self.result: Optional[dict] = None
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, args=(request, press), daemon=True)
+        self._thread.start()
+
+    def _run(self, request, press):
+        def on_text(qi, piece):
+            self._q.put((qi, piece))
+            return not self._stop
+
+        try:
+            self.result = self._pipe._result(json.loads(self._pipe.engine.pipeline_run(request, press, on_text)),
+                                             self._single)
+        except BaseException as e:  # re-raised in the consumer
+            self._error = e
+        finally:
+            self._q.put(self._END)
+
+    def __iter__(self) -> Iterator[str]:
+        return self._pieces()
+
+    def _pieces(self) -> Iterator[str]:
+        try:
+            while True:
+                item = self._q.get()
+                if item is self._END:
+                    break
+                yield item[1] if self._single else item
+        finally:
+            self._stop = True
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+def pipeline(model_or_task: Optional[str] = None, *args: Any, **kwargs: Any) -> Pipeline:
+    """A pulled model name, a GGUF file or a Hugging Face checkpoint folder (None: the default pulled model).
+    Keyword arguments: threads, n_ctx, n_batch, kv_type, quantize, kv_budget.
+
+    kvpress's own call shape also works: pipeline("kv-press-text-generation", model=..., device=...,
+    model_kwargs=...). The engine runs on the CPU: `device` and `model_kwargs` (torch settings) are accepted
+    and ignored, with a warning when they ask for something else."""
+    if model_or_task == "kv-press-text-generation" or model_or_task is None:
+        model = kwargs.pop("model", None)
+    else:
+        model = model_or_task
+    device = kwargs.pop("device", None)
+    model_kwargs = kwargs.pop("model_kwargs", None)
+    kwargs.pop("torch_dtype", None)
+    if args:
+        raise Error(f"pipeline: unexpected positional arguments {args!r}")
+    if device is not None and str(device) not in ("cpu", "auto"):
+        warnings.warn(f"kvzap runs on the CPU; device={device!r} is ignored", stacklevel=2)
+    if model_kwargs:
+        warnings.warn(f"kvzap ignores model_kwargs={model_kwargs!r} (torch settings)", stacklevel=2)
+    return Pipeline(model, **kwargs)
+
+
+from . import eval  # noqa: E402  (kvzap.eval.ruler)
+from . import train  # noqa: E402  (kvzap.train.linear)
