@@ -125,7 +125,10 @@ int run_generate(const GenerateArgs& a) {
     j["kv_bytes"] = r.kv_bytes;
     j["kv_bytes_full"] = r.kv_bytes_full;
     j["kv_lengths"] = r.kv_lengths;  // [layer][KV head] kept entries after the context
-    if (a.kept_positions) j["kept_positions"] = r.kept_positions;  // [layer][KV head][positions]
+    if (a.kept_positions) {
+      j["kept_positions"] = r.kept_positions;  // [layer][KV head][positions]
+      j["context_tokens"] = cp.context_ids;    // the positions' tokens (with --context-file: template + context)
+    }
     j["evicted_fraction_end"] = r.evicted_fraction_end;
     j["kv_bytes_end"] = r.kv_bytes_end;
     j["kv_bytes_full_end"] = r.kv_bytes_full_end;
