@@ -110,6 +110,8 @@ def presses():
         expect="report", why=prefix_why, variant="kvpress unchanged")
     add("non_causal_attn", "head", lambda r: K.NonCausalAttnPress(compression_ratio=r))
     add("adakv_non_causal_attn", "adakv", lambda r: K.AdaKVPress(K.NonCausalAttnPress(compression_ratio=r)))
+    add("cap", "head", lambda r: K.CapPress(compression_ratio=r))
+    add("adakv_cap", "adakv", lambda r: K.AdaKVPress(K.CapPress(compression_ratio=r)))
     add("compactor", "head", lambda r: K.CompactorPress(compression_ratio=r), expect="report",
         why="kvpress draws its Gaussian sketch unseeded from torch's generator, kvzap from PressSpec::seed")
     add("adakv_compactor", "adakv", lambda r: K.AdaKVPress(K.CompactorPress(compression_ratio=r)), expect="report",
