@@ -110,6 +110,7 @@ def presses():
         expect="report", why=prefix_why, variant="kvpress unchanged")
     add("non_causal_attn", "head", lambda r: K.NonCausalAttnPress(compression_ratio=r))
     add("adakv_non_causal_attn", "adakv", lambda r: K.AdaKVPress(K.NonCausalAttnPress(compression_ratio=r)))
+    add("block_keydiff", "head", lambda r: K.BlockPress(press=K.KeyDiffPress(compression_ratio=r), block_size=128))
     add("cap", "head", lambda r: K.CapPress(compression_ratio=r))
     add("adakv_cap", "adakv", lambda r: K.AdaKVPress(K.CapPress(compression_ratio=r)))
     add("compactor", "head", lambda r: K.CompactorPress(compression_ratio=r), expect="report",
@@ -235,6 +236,9 @@ def record_scores(press):
     """Wraps the score() of the ScorerPress inside `press` (itself, or the one AdaKV / ChunkKV wrap) so that
     its scores [layer] -> [H, T] are kept (a copy: AdaKV overwrites its protected entries)."""
     from kvpress import ScorerPress
+    from kvpress import BlockPress
+    if isinstance(press, BlockPress):  # scores subsets block by block: no per-position scores to keep
+        return {}
     inner = press if isinstance(press, ScorerPress) else getattr(press, "press", None)
     recorded = {}
     if not isinstance(inner, ScorerPress):
