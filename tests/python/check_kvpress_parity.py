@@ -24,7 +24,8 @@ difference). A press whose exact parity breaks fails the run.
 
 Needs torch, transformers (< 5.3, what kvpress 0.5.5 accepts), tokenizers and kvpress; without them it
 prints SKIPPED and exits 0. Env: KVZAP_BIN (default <repo>/build/kvzap). Options: -v (per-head detail),
---press NAME (only that kvzap press; repeatable), --json FILE (the measured table).
+--press NAME (only that kvzap press; repeatable), --json FILE (the measured table), --markdown (the table
+as docs/PARITY.md shows it).
 Prints "N passed, M failed, K skipped"; exits 1 on failure.
 """
 import json
@@ -470,6 +471,17 @@ def main():
     if JSON_OUT:
         with open(JSON_OUT, "w") as f:
             json.dump(table, f, indent=1)
+    if "--markdown" in ARGS:  # the table of docs/PARITY.md
+        print("| model | kvzap press | Jaccard mean / min | heads identical (tied) | answers identical | expectation |")
+        print("|---|---|---|---|---|---|")
+        for r in table:
+            name = r["press"] + (" [%s]" % r["variant"] if r["variant"] else "")
+            if "error" in r:
+                print("| %s | %s | error: %s | | | %s |" % (r["model"], name, r["error"], r["expect"]))
+                continue
+            print("| %s | %s | %.4f / %.4f | %d/%d (%d) | %d/%d | %s |"
+                  % (r["model"], name, r["mean_jaccard"], r["min_jaccard"], r["heads_identical"], r["heads"],
+                     r["heads_tied"], r["answers_identical"], r["contexts"], r["expect"]))
     print("kvpress parity: %.1f s" % (time.time() - t_start))
     finish()
 
