@@ -94,10 +94,16 @@ class BlockKeyDiffScorer : public CacheContextScorer, public BudgetSplit {
   std::unique_ptr<Scorer> inner_;
 };
 
+}  // namespace
+
+// For the unit test (tests/unit/test_baseline_presses.cpp), which has no Model.
+std::unique_ptr<Scorer> make_block_keydiff_scorer() { return std::make_unique<BlockKeyDiffScorer>(); }
+
+namespace {
 RegisterScorer reg({"block_keydiff",
                     "BlockPress(KeyDiff): KeyDiff over the kept entries plus each next block of 128, keeping the "
                     "budget every block (the ratio scope does not apply)",
-                    false, [](const PressSpec&, const Model&) { return std::make_unique<BlockKeyDiffScorer>(); },
+                    false, [](const PressSpec&, const Model&) { return make_block_keydiff_scorer(); },
                     {.kvpress_parity = "exact (kvpress BlockPress(KeyDiffPress))"}});
 
 }  // namespace

@@ -722,6 +722,7 @@ TEST(BaselineScorers, NonCausalAttnPadsTheLastTileAsKvpress) {
 }  // namespace
 namespace kvzap {
 std::unique_ptr<Scorer> make_cap_scorer(const ModelConfig& c);  // press/scorer_cap.cpp
+std::unique_ptr<Scorer> make_block_keydiff_scorer();               // press/scorer_block_keydiff.cpp
 }  // namespace kvzap
 namespace {
 
@@ -787,6 +788,47 @@ TEST(BaselineScorers, CapWeighsValueLeverageByAnchorSimilarity) {
     auto s = make_cap_scorer(c);
     expect_scores_near(run_scorer(*s, x, step), want, 2e-3, "cap", 1e-6);
   }
+}
+
+TEST(BaselineScorers, BlockKeyDiffKeepsItsBudgetBlockByBlock) {
+  // kvpress BlockPress(KeyDiffPress, 128) written out: start from the first n entries, then for each next
+  // block score kept + block with KeyDiff over those entries only and keep the n best.
+  const ModelConfig c = small_config();
+  const int64_t T = 300;
+  const Context x = make_context(c, T, 29, /*rope=*/true);
+  const double ratio = 0.5;
+  const int64_t n = (int64_t)((double)T * (1.0 - ratio));
+  const auto kept = run_ratio(make_block_keydiff_scorer(), x, ratio, "global");  // its own budget: scope ignored
+  bool differs_from_plain_keydiff = false;
+  for (int l = 0; l < c.n_layer; l++)
+    for (int hk = 0; hk < c.n_head_kv; hk++) {
+      std::vector<int32_t> cur((size_t)n);
+      std::iota(cur.begin(), cur.end(), 0);
+      for (int64_t i = n; i < T; i += 128) {
+        std::vector<int32_t> cand = cur;
+        for (int64_t j = i; j < std::min<int64_t>(i + 128, T); j++) cand.push_back((int32_t)j);
+        std::vector<double> anchor((size_t)c.head_dim, 0.0), s;
+        for (int32_t p : cand) {
+          const double nk = std::sqrt(dot(x.key(l, hk, p), x.key(l, hk, p), c.head_dim));
+          for (int d = 0; d < c.head_dim; d++) anchor[(size_t)d] += x.key(l, hk, p)[d] / nk / (double)cand.size();
+        }
+        double an = 0;
+        for (double a : anchor) an += a * a;
+        for (int32_t p : cand) {
+          double dp = 0;
+          for (int d = 0; d < c.head_dim; d++) dp += x.key(l, hk, p)[d] * anchor[(size_t)d];
+          s.push_back(-dp / std::sqrt(dot(x.key(l, hk, p), x.key(l, hk, p), c.head_dim)) / std::sqrt(an));
+        }
+        std::vector<int32_t> best;
+        for (int64_t r : top_slots(s, n)) best.push_back(cand[(size_t)r]);
+        cur = best;
+      }
+      std::sort(cur.begin(), cur.end());
+      EXPECT_EQ(kept[(size_t)l][(size_t)hk], cur) << "layer " << l << " head " << hk;
+      const auto plain = run_ratio(make_keydiff_scorer(), x, ratio, "head");
+      differs_from_plain_keydiff |= plain[(size_t)l][(size_t)hk] != cur;
+    }
+  EXPECT_TRUE(differs_from_plain_keydiff);  // the blocks matter: the control can tell the two apart
 }
 
 // ---------------------------------------------------------------- budgets
