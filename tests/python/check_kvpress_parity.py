@@ -111,6 +111,7 @@ def presses():
         expect="report", why=prefix_why, variant="kvpress unchanged")
     add("non_causal_attn", "head", lambda r: K.NonCausalAttnPress(compression_ratio=r))
     add("adakv_non_causal_attn", "adakv", lambda r: K.AdaKVPress(K.NonCausalAttnPress(compression_ratio=r)))
+    add("critical_snapkv", "head", lambda r: K.CriticalKVPress(sn(compression_ratio=r)))
     add("block_keydiff", "head", lambda r: K.BlockPress(press=K.KeyDiffPress(compression_ratio=r), block_size=128))
     add("cap", "head", lambda r: K.CapPress(compression_ratio=r))
     add("adakv_cap", "adakv", lambda r: K.AdaKVPress(K.CapPress(compression_ratio=r)))

@@ -1014,7 +1014,7 @@ TEST_F(BaselinesWithModel, RegistryHoldsEveryBaselineButNotNoPress) {
   }
   for (const char* n : {"snapkv", "tova", "observed_attention", "expected_attention", "expected_attention_uniform",
                         "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur", "compactor",
-                        "non_causal_attn"})
+                        "non_causal_attn", "cap", "block_keydiff", "critical_snapkv"})
     EXPECT_TRUE(names.count(n)) << n;
   EXPECT_FALSE(names.count("no_press"));
   PressSpec o;
@@ -1045,7 +1045,7 @@ TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
   const std::vector<int32_t> question = model_->tokenizer().encode(" How many boats were counted at dawn?", false);
   for (const char* name : {"snapkv", "tova", "observed_attention", "expected_attention", "expected_attention_uniform",
                            "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur",
-                           "compactor", "adakv_keydiff"}) {
+                           "compactor", "adakv_keydiff", "non_causal_attn", "cap", "block_keydiff", "critical_snapkv"}) {
     SCOPED_TRACE(name);
     PressSpec o;
     o.name = name;
@@ -1068,10 +1068,12 @@ TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
     for (int l = 0; l < c.n_layer; l++)
       for (int h = 0; h < c.n_head_kv; h++) {
         const int64_t len = s.cache().length(l, h);
-        if (n == "snapkv" || n == "tova" || n == "pyramidkv" || n == "adakv_snapkv")
+        if (n == "snapkv" || n == "tova" || n == "pyramidkv" || n == "adakv_snapkv" || n == "critical_snapkv")
           EXPECT_EQ(s.cache().position_at(l, h, len - 1), T - 1);
-        if (n == "snapkv" || n == "adakv_snapkv") EXPECT_EQ(s.cache().position_at(l, h, len - 64), T - 64);
-        if (n == "expected_attention_uniform" || n == "cur" || n == "compactor")
+        // CriticalKV's first stage (int(150 / 2) = 75 entries) takes SnapKV's window whole.
+        if (n == "snapkv" || n == "adakv_snapkv" || n == "critical_snapkv")
+          EXPECT_EQ(s.cache().position_at(l, h, len - 64), T - 64);
+        if (n == "expected_attention_uniform" || n == "cur" || n == "compactor" || n == "cap")
           EXPECT_EQ(s.cache().position_at(l, h, 3), 3);
       }
     GenerateOptions g;
