@@ -16,7 +16,7 @@ struct GenerateArgs {
   PressArgs press;
   std::string prompt, file, system, context_file, answer_prefix, kv_trace;
   std::vector<std::string> questions;
-  bool chat = false, json = false, no_stream = false;
+  bool chat = false, json = false, no_stream = false, kept_positions = false;
   int n = 256;
   float temp = 0.8f, top_p = 0.95f, min_p = 0.05f;
   int top_k = 40;
@@ -93,7 +93,7 @@ int run_generate(const GenerateArgs& a) {
       std::fflush(stdout);
     }
     return true;
-  });
+  }, a.kept_positions);
   if (trace) std::fclose(trace);
   if (!a.save_cache.empty()) save_context_cache(a.save_cache, session, cp.context_ids, a.press);
   if (a.json) {
@@ -125,6 +125,10 @@ int run_generate(const GenerateArgs& a) {
     j["kv_bytes"] = r.kv_bytes;
     j["kv_bytes_full"] = r.kv_bytes_full;
     j["kv_lengths"] = r.kv_lengths;  // [layer][KV head] kept entries after the context
+    if (a.kept_positions) {
+      j["kept_positions"] = r.kept_positions;  // [layer][KV head][positions]
+      j["context_tokens"] = cp.context_ids;    // the positions' tokens (with --context-file: template + context)
+    }
     j["evicted_fraction_end"] = r.evicted_fraction_end;
     j["kv_bytes_end"] = r.kv_bytes_end;
     j["kv_bytes_full_end"] = r.kv_bytes_full_end;
@@ -171,6 +175,8 @@ RegisterCommand reg("generate", "generate text from a prompt, or answer question
   sub.add_option("--save-cache", a->save_cache, "save the compressed context (the prompt, or --context-file) to a file");
   sub.add_option("--load-cache", a->load_cache, "start from a context saved with --save-cache (or /slots/save); -p continues it");
   sub.add_flag("--json", a->json, "print one JSON object with the text, tokens, timings and cache size");
+  sub.add_flag("--kept-positions", a->kept_positions,
+               "with --json: also list the positions kept after the context, per layer and KV head");
   sub.add_flag("--no-stream", a->no_stream, "print the answer at the end instead of streaming");
   return [a]() { return run_generate(*a); };
 });

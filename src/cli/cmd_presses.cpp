@@ -23,7 +23,8 @@ int run_presses(bool json) {
       nlohmann::json pol = nlohmann::json::array();
       if (e->supports_threshold) pol.push_back("threshold");
       pol.push_back("ratio");
-      out.push_back({{"name", e->name}, {"description", e->description}, {"policies", pol}});
+      out.push_back({{"name", e->name}, {"description", e->description}, {"policies", pol},
+                     {"kvpress_parity", e->traits.kvpress_parity.empty() ? "not compared" : e->traits.kvpress_parity}});
     }
     std::printf("%s\n", json_dump(out, 2).c_str());
     return 0;
@@ -31,8 +32,12 @@ int run_presses(bool json) {
   size_t w = 4;
   for (const ScorerEntry* e : entries) w = std::max(w, e->name.size());
   std::printf("%-*s  %-16s  %s\n", (int)w, "NAME", "POLICIES", "DESCRIPTION");
-  for (const ScorerEntry* e : entries)
+  for (const ScorerEntry* e : entries) {
     std::printf("%-*s  %-16s  %s\n", (int)w, e->name.c_str(), policies(*e).c_str(), e->description.c_str());
+    std::printf("%-*s  %-16s  kvpress parity: %s\n", (int)w, "", "",
+                e->traits.kvpress_parity.empty() ? "not compared" : e->traits.kvpress_parity.c_str());
+  }
+  std::printf("\nadakv_<press>: any press under AdaKV's budget (kvpress AdaKVPress); parity in docs/PARITY.md\n");
   return 0;
 }
 

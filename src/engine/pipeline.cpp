@@ -24,7 +24,8 @@ ContextPrompt build_context_prompt(const Tokenizer& tok, const std::string& cont
 }
 
 QaResult answer_questions(Session& s, Press* press, const ContextPrompt& p, const GenerateOptions& g,
-                          const std::function<bool(size_t, const std::string&)>& on_text) {
+                          const std::function<bool(size_t, const std::string&)>& on_text,
+                          bool record_kept_positions) {
   QaResult r;
   r.n_context = (int64_t)p.context_ids.size();
   const auto t0 = std::chrono::steady_clock::now();
@@ -37,6 +38,12 @@ QaResult answer_questions(Session& s, Press* press, const ContextPrompt& p, cons
   r.kv_lengths.assign((size_t)c.n_layer(), std::vector<int64_t>((size_t)c.n_head_kv()));
   for (int l = 0; l < c.n_layer(); l++)
     for (int h = 0; h < c.n_head_kv(); h++) r.kv_lengths[l][h] = c.length(l, h);
+  if (record_kept_positions) {
+    r.kept_positions.assign((size_t)c.n_layer(), std::vector<std::vector<int32_t>>((size_t)c.n_head_kv()));
+    for (int l = 0; l < c.n_layer(); l++)
+      for (int h = 0; h < c.n_head_kv(); h++)
+        for (int64_t i = 0; i < c.length(l, h); i++) r.kept_positions[l][h].push_back(c.position_at(l, h, i));
+  }
   // One copy-on-write fork of the compressed context per question: pruning while answering one
   // question cannot change what the next one sees.
   for (size_t i = 0; i < p.question_ids.size(); i++) {

@@ -28,12 +28,15 @@ struct QaResult {
   double evicted_fraction = 0;     // after the context was compressed
   int64_t kv_bytes = 0, kv_bytes_full = 0;  // after the context was compressed
   std::vector<std::vector<int64_t>> kv_lengths;  // [layer][KV head] kept entries after compression
+  // [layer][KV head] the positions kept after compression, ascending (filled when asked: the parity check)
+  std::vector<std::vector<std::vector<int32_t>>> kept_positions;
   double evicted_fraction_end = 0; // after the last answer (differs with decoding pruning)
   int64_t kv_bytes_end = 0, kv_bytes_full_end = 0;
 };
 
 // on_text(question_index, piece) streams answers; return false to stop that answer.
 QaResult answer_questions(Session& s, Press* press, const ContextPrompt& p, const GenerateOptions& g,
-                          const std::function<bool(size_t, const std::string&)>& on_text = nullptr);
+                          const std::function<bool(size_t, const std::string&)>& on_text = nullptr,
+                          bool record_kept_positions = false);
 
 }  // namespace kvzap

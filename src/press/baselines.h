@@ -82,5 +82,13 @@ std::unique_ptr<Scorer> make_chunkkv_scorer(const ModelConfig& c);
 std::unique_ptr<Scorer> make_cur_scorer();
 // blending: kvpress uses the compression ratio (0.35 if unset).
 std::unique_ptr<Scorer> make_compactor_scorer(const ModelConfig& c, double blending, uint64_t seed);
+// The tiled non-causal attention half of Compactor on its own or with other protected ends
+// (press/scorer_compactor.cpp; "non_causal_attn" is kvpress NonCausalAttnPress).
+struct NonCausalOptions {
+  int64_t sink_start = 8, sink_end = 4;  // entries at either end that score +inf (not in any tile)
+  bool leverage = true;                  // blend in the sketched leverage (Compactor)
+  bool pad_last_tile = false;            // kvpress 0.5.5's padding of the last partial tile (see the source)
+};
+std::unique_ptr<Scorer> make_non_causal_scorer(const ModelConfig& c, const NonCausalOptions& o);
 
 }  // namespace kvzap

@@ -103,6 +103,9 @@ struct PressTraits {
   // The threshold of a spec that gives neither a threshold nor a ratio (KVzap: calibrated beside its
   // surrogate); empty or nullopt = none, the spec is refused.
   std::function<std::optional<double>(const PressSpec&, const Model&)> default_threshold;
+  // How its kept sets compare with kvpress's (tests/python/check_kvpress_parity.py, docs/PARITY.md), shown by
+  // `kvzap presses`; empty = not compared.
+  std::string kvpress_parity;
 };
 
 // Registry of scorers: name -> factory. Policies wrap them (threshold.cpp, ratio.cpp).

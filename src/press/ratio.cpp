@@ -46,6 +46,13 @@ bool lower(const Candidate& a, const Candidate& b) {
 
 int64_t budget(double ratio, int64_t n) { return (int64_t)std::floor(ratio * (double)n); }
 
+// kvpress's compute_n_kept: int(T (1 - ratio)) entries stay, at least one (ScorerPress, AdaKVPress). With
+// an odd T and ratio 0.5 this keeps (T - 1) / 2, one fewer than T - floor(ratio T).
+int64_t kvpress_n_kept(double ratio, int64_t T) {
+  if (T <= 0) return 0;
+  return std::max<int64_t>(1, (int64_t)((double)T * (1.0 - ratio)));
+}
+
 // Marks the k lowest candidates in the per-stream masks.
 void mark_k_lowest(std::vector<Candidate>& cands, int64_t k, EvictionMask& drop, int n_head) {
   if (k <= 0) return;
@@ -76,8 +83,9 @@ void mark_adakv_layer(const KvCache& cache, const CacheScores& scores, int l, do
   for (int h = 0; h < H; h++) {
     const std::vector<float>& s = scores[(size_t)l][(size_t)h];
     const int64_t T = (int64_t)s.size();
-    const int64_t n_kept = (int64_t)((double)T * (1.0 - ratio));
-    const int64_t n_safe = (int64_t)((double)n_kept * kAdaKvSafeguard);
+    const int64_t n_kept = kvpress_n_kept(ratio, T);
+    // kvpress: at least one protected entry per head while any is kept.
+    const int64_t n_safe = n_kept > 0 ? std::max<int64_t>(1, (int64_t)((double)n_kept * kAdaKvSafeguard)) : 0;
     n_pruned += T - n_kept;
     head.clear();
     add_stream(head, s, l, h);
@@ -163,7 +171,7 @@ void mark_lowest(const KvCache& cache, const CacheScores& scores, double ratio, 
         for (int h = 0; h < H && !skip(l); h++) {
           cands.clear();
           add_stream(cands, scores[(size_t)l][(size_t)h], l, h);
-          mark_k_lowest(cands, budget(ratio, (int64_t)cands.size()), drop, H);
+          mark_k_lowest(cands, (int64_t)cands.size() - kvpress_n_kept(ratio, (int64_t)cands.size()), drop, H);
         }
       break;
     case RatioScope::AdaKv:

@@ -51,11 +51,12 @@ RegisterScorer reg_snapkv({"adakv_snapkv",
                            "AdaKV(SnapKV): per-layer budget shared by the heads, each keeps >= 20% of its share "
                            "(also adakv_<any press>, or --ratio-scope adakv)",
                            false, [](const PressSpec&, const Model& m) { return make_adakv_scorer(make_snapkv_scorer(m.config())); },
-                           {.min_context_tokens = kSnapKvWindow}});
+                           {.min_context_tokens = kSnapKvWindow, .kvpress_parity = "exact (kvpress AdaKVPress(SnapKVPress))"}});
 RegisterScorer reg_compactor({"adakv_compactor", "AdaKV(Compactor), the kvpress leaderboard's Compactor entry", false,
                               [](const PressSpec& o, const Model& m) {
                                 return make_adakv_scorer(make_compactor_scorer(m.config(), o.ratio, o.seed));
-                              }});
+                              },
+                              {.kvpress_parity = "cannot match exactly: kvpress draws its Gaussian sketch unseeded (Jaccard ~0.9)"}});
 }  // namespace
 
 }  // namespace kvzap

@@ -76,7 +76,7 @@ RegisterScorer reg({"chunkkv",
                     "ChunkKV(SnapKV): keeps whole 20-token chunks by their mean SnapKV score, same for all heads "
                     "(ratio scope does not apply)",
                     false, [](const PressSpec&, const Model& m) { return make_chunkkv_scorer(m.config()); },
-                    {.min_context_tokens = kSnapKvWindow}});
+                    {.min_context_tokens = kSnapKvWindow, .kvpress_parity = "exact (kvpress ChunkKVPress(SnapKVPress))"}});
 }  // namespace
 
 }  // namespace kvzap

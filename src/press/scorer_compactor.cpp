@@ -31,14 +31,16 @@ constexpr int kSketch = 48;
 
 class CompactorScorer : public CacheContextScorer {
  public:
-  CompactorScorer(const ModelConfig& c, double blending, uint64_t seed)
-      : cfg_(c), blending_(blending), seed_(seed), rope_(c), layers_((size_t)c.n_layer) {}
+  CompactorScorer(const ModelConfig& c, double blending, uint64_t seed, const NonCausalOptions& o = {})
+      : cfg_(c), blending_(blending), seed_(seed), opt_(o), rope_(c), layers_((size_t)c.n_layer) {
+    reset();
+  }
 
   void reset() override {
     for (Layer& st : layers_) {
       st.pending.clear();
       st.n_pending = 0;
-      st.next_tile = kSinkStart;
+      st.next_tile = opt_.sink_start;
       for (auto& s : st.colsum) s.clear();
     }
   }
@@ -53,7 +55,7 @@ class CompactorScorer : public CacheContextScorer {
       if (p < step.pos[0]) return st.pending.data() + (size_t)(p - st.pending_pos0) * row;
       return step.q + (size_t)(p - step.pos[0]) * row;
     };
-    while (st.next_tile + kTile + kSinkEnd <= cache.n_past()) {
+    while (st.next_tile + kTile + opt_.sink_end <= cache.n_past()) {
       if (st.next_tile < first) throw Error("internal: compactor lost the queries of a tile");
       score_tile(step.layer, st.next_tile, st.next_tile + kTile, query_row, cache);
       st.next_tile += kTile;
@@ -71,8 +73,8 @@ class CompactorScorer : public CacheContextScorer {
   void score_cache(const KvCache& cache, CacheScores& out) override {
     const int64_t T = require_full_context(cache, "compactor");
     const int L = cfg_.n_layer, H = cfg_.n_head, Hkv = cfg_.n_head_kv, G = cfg_.n_group(), D = cfg_.head_dim;
-    const int64_t left = std::min(kSinkStart, T);
-    const int64_t right = std::min(kSinkEnd, std::max<int64_t>(0, T - left));
+    const int64_t left = std::min(opt_.sink_start, T);
+    const int64_t right = std::min(opt_.sink_end, std::max<int64_t>(0, T - left));
     const int64_t mid_end = T - right, S = mid_end - left;
     size_scores(cache, out);
     for (auto& layer : out)
@@ -101,8 +103,10 @@ class CompactorScorer : public CacheContextScorer {
       stream_values(cache, l, hk, values);
       float* k_mid = keys.data() + (size_t)left * D;
       for (int64_t i = 0; i < S; i++) rope_.unrotate(k_mid + (size_t)i * D, (int32_t)(left + i), l);
-      const std::vector<double> phi = gaussian_sketch(seed_, l, hk, D, kSketch);
-      sketched_leverage(k_mid, S, D, phi.data(), kSketch, &lev[(size_t)(task * S)]);
+      if (opt_.leverage) {
+        const std::vector<double> phi = gaussian_sketch(seed_, l, hk, D, kSketch);
+        sketched_leverage(k_mid, S, D, phi.data(), kSketch, &lev[(size_t)(task * S)]);
+      }
       const Layer& st = layers_[(size_t)l];
       for (int g = 0; g < G; g++) {
         const std::vector<float>& cs = st.colsum[(size_t)(hk * G + g)];
@@ -121,12 +125,13 @@ class CompactorScorer : public CacheContextScorer {
       if (!judged_layer(cache, l)) continue;
       float* lv = &lev[(size_t)l * Hkv * S];
       float* at = &att[(size_t)l * Hkv * S];
-      zscore_inplace(lv, Hkv * S);
+      if (opt_.leverage) zscore_inplace(lv, Hkv * S);
       zscore_inplace(at, Hkv * S);
       for (int hk = 0; hk < Hkv; hk++)
         for (int64_t i = 0; i < S; i++)
           out[(size_t)l][(size_t)hk][(size_t)(left + i)] =
-              (float)(blending_ * lv[(size_t)(hk * S + i)]) + at[(size_t)(hk * S + i)];
+              opt_.leverage ? (float)(blending_ * lv[(size_t)(hk * S + i)]) + at[(size_t)(hk * S + i)]
+                            : at[(size_t)(hk * S + i)];
     }
   }
 
@@ -153,9 +158,31 @@ class CompactorScorer : public CacheContextScorer {
       std::vector<float> keys((size_t)(n * D)), kt((size_t)(n * D)), probs((size_t)(n * n));
       stream_key_range(cache, l, hk, s, n, keys.data());  // slots = positions: the context is whole
       transpose_rows(keys.data(), D, n, D, kt.data());
-      attention_probs(tile_q_.data() + (size_t)hq * D, (int64_t)row, n, nullptr, kt.data(), n, D, 1.0f, probs.data());
       std::vector<float>& cs = st.colsum[(size_t)hq];
       if ((int64_t)cs.size() < e) cs.resize((size_t)e, 0.0f);
+      if (opt_.pad_last_tile && n < kTile) {
+        // kvpress 0.5.5 pads the last tile to kTile with zero queries and keys and masks them with logits 0
+        // and -1e-9 (exp(-1e-9) == 1 in f32): each real row also weighs kTile - n keys of logit 0, and each
+        // of the kTile - n padding rows gives every real key exactly 1 / kTile.
+        const int64_t pad = kTile - n;
+        std::vector<double> logit((size_t)n);
+        for (int64_t j = 0; j < n; j++) {
+          const float* q = tile_q_.data() + (size_t)j * row + (size_t)hq * D;
+          double mx = 0;  // the padding keys' logit
+          for (int64_t i = 0; i < n; i++) {
+            double dot = 0;
+            for (int d = 0; d < D; d++) dot += (double)q[d] * keys[(size_t)(i * D + d)];
+            logit[(size_t)i] = dot;
+            mx = std::max(mx, dot);
+          }
+          double sum = (double)pad * std::exp(-mx);
+          for (int64_t i = 0; i < n; i++) sum += (logit[(size_t)i] = std::exp(logit[(size_t)i] - mx));
+          for (int64_t i = 0; i < n; i++) cs[(size_t)(s + i)] += (float)(logit[(size_t)i] / sum);
+        }
+        for (int64_t i = 0; i < n; i++) cs[(size_t)(s + i)] += (float)((double)pad / (double)kTile);
+        return;
+      }
+      attention_probs(tile_q_.data() + (size_t)hq * D, (int64_t)row, n, nullptr, kt.data(), n, D, 1.0f, probs.data());
       for (int64_t j = 0; j < n; j++)
         for (int64_t i = 0; i < n; i++) cs[(size_t)(s + i)] += probs[(size_t)(j * n + i)];
     });
@@ -164,6 +191,7 @@ class CompactorScorer : public CacheContextScorer {
   ModelConfig cfg_;
   double blending_;
   uint64_t seed_;
+  NonCausalOptions opt_;
   RopeTable rope_;
   std::vector<Layer> layers_;
   std::vector<float> scratch_, tile_q_;
@@ -175,13 +203,18 @@ std::unique_ptr<Scorer> make_compactor_scorer(const ModelConfig& c, double blend
   return std::make_unique<CompactorScorer>(c, blending, seed);
 }
 
+std::unique_ptr<Scorer> make_non_causal_scorer(const ModelConfig& c, const NonCausalOptions& o) {
+  return std::make_unique<CompactorScorer>(c, 0.0, 0, o);
+}
+
 namespace {
 RegisterScorer reg({"compactor",
                     "Compactor: sketched leverage of pre-RoPE keys (x ratio) + non-causal attention in 256-token "
                     "tiles x ||v||, both z-scored; first 8 and last 4 tokens kept",
                     false, [](const PressSpec& o, const Model& m) {
                       return make_compactor_scorer(m.config(), o.ratio, o.seed);
-                    }});
+                    },
+                    {.kvpress_parity = "cannot match exactly: kvpress draws its Gaussian sketch unseeded (Jaccard ~0.9)"}});
 }  // namespace
 
 }  // namespace kvzap

@@ -60,7 +60,8 @@ std::unique_ptr<Scorer> make_cur_scorer() { return std::make_unique<CurScorer>()
 
 namespace {
 RegisterScorer reg({"cur", "CurDKV: ||k||^2 x ||v||^2, each normalised within windows of 16; first 4 tokens kept", false,
-                    [](const PressSpec&, const Model&) { return make_cur_scorer(); }});
+                    [](const PressSpec&, const Model&) { return make_cur_scorer(); },
+                    {.kvpress_parity = "exact (kvpress CURPress)"}});
 }  // namespace
 
 }  // namespace kvzap

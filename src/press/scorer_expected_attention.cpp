@@ -189,12 +189,14 @@ RegisterScorer reg({"expected_attention",
                     false,
                     [](const PressSpec&, const Model& m) {
                       return make_adakv_scorer(make_expected_attention_scorer(m.config(), 1e-2));
-                    }});
+                    },
+                    {.kvpress_parity = "exact (kvpress AdaKVPress(ExpectedAttentionPress(epsilon=1e-2)))"}});
 RegisterScorer reg_uniform({"expected_attention_uniform",
                             "ExpectedAttention (eps 1e-2) without AdaKV: the budget follows --ratio-scope", false,
                             [](const PressSpec&, const Model& m) {
                               return make_expected_attention_scorer(m.config(), 1e-2);
-                            }});
+                            },
+                            {.kvpress_parity = "exact (kvpress ExpectedAttentionPress(epsilon=1e-2))"}});
 }  // namespace
 
 }  // namespace kvzap

@@ -53,7 +53,8 @@ std::unique_ptr<Scorer> make_keydiff_scorer() { return std::make_unique<KeyDiffS
 
 namespace {
 RegisterScorer reg({"keydiff", "KeyDiff: -cosine between each key and the mean normalised key (keeps distinctive keys)",
-                    false, [](const PressSpec&, const Model&) { return make_keydiff_scorer(); }});
+                    false, [](const PressSpec&, const Model&) { return make_keydiff_scorer(); },
+                    {.kvpress_parity = "exact (kvpress KeyDiffPress)"}});
 }  // namespace
 
 }  // namespace kvzap

@@ -23,7 +23,8 @@ class KnormScorer : public Scorer {
 };
 
 RegisterScorer reg({"knorm", "negative L2 norm of each key (keeps low-norm keys)", true,
-                    [](const PressSpec&, const Model&) { return std::make_unique<KnormScorer>(); }});
+                    [](const PressSpec&, const Model&) { return std::make_unique<KnormScorer>(); },
+                    {.kvpress_parity = "match up to ties: equal key norms of repeated tokens (kvpress KnormPress)"}});
 
 }  // namespace
 }  // namespace kvzap

@@ -95,7 +95,8 @@ PressTraits kvzap_traits(const char* kind) {
   return {.threshold_by_default = true,
           .default_threshold = [kind](const PressSpec& o, const Model& m) {
             return default_kvzap_threshold(kvzap_surrogate_dir(o, m, kind));
-          }};
+          },
+          .kvpress_parity = "not compared: kvpress KVzapPress loads its surrogate from the hub (same folder format)"};
 }
 RegisterScorer reg_linear({"kvzap-linear", "KVzap-Linear: a per-layer linear surrogate predicts log KVzip+ scores", true,
                            [](const PressSpec& o, const Model& m) { return make_kvzap(o, m, false); }, kvzap_traits("linear")});

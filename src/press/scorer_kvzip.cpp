@@ -198,10 +198,12 @@ void KvzipScorer::write_dump(const LayerStep& st, int64_t ns, int64_t m, int64_t
 namespace {
 RegisterScorer reg_kvzip({"kvzip", "KVzip: attention paid by a repeat-the-context pass (oracle, ~2x prefill cost)", false,
                           [](const PressSpec&, const Model& m) { return std::make_unique<KvzipScorer>(m, false); },
-                          {.kvpress_ratio_scope = "global", .repeats_context = true}});
+                          {.kvpress_ratio_scope = "global", .repeats_context = true,
+                           .kvpress_parity = "exact where the template prefix has <= 4 tokens; kvzap protects a longer one (ALGORITHMS.md 2.3)"}});
 RegisterScorer reg_kvzip_plus({"kvzip+", "KVzip+: KVzip weighted by ||W_O v|| / ||h|| (the target KVzap learns)", false,
                                [](const PressSpec&, const Model& m) { return std::make_unique<KvzipScorer>(m, true); },
-                               {.kvpress_ratio_scope = "global", .repeats_context = true}});
+                               {.kvpress_ratio_scope = "global", .repeats_context = true,
+                                .kvpress_parity = "exact where the template prefix has <= 4 tokens; kvzap protects a longer one (ALGORITHMS.md 2.3)"}});
 }  // namespace
 
 }  // namespace kvzap

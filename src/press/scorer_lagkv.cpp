@@ -89,7 +89,8 @@ namespace {
 RegisterScorer reg({"lagkv",
                     "LagKV: per-token spread of keys and values normalised by the next 128-token partition, "
                     "ranked within the partition; sinks and the last partition kept",
-                    false, [](const PressSpec&, const Model&) { return make_lagkv_scorer(); }});
+                    false, [](const PressSpec&, const Model&) { return make_lagkv_scorer(); },
+                    {.kvpress_parity = "match up to ties: rank scores tie across partitions (kvpress LagKVPress)"}});
 }  // namespace
 
 }  // namespace kvzap

@@ -100,7 +100,8 @@ std::unique_ptr<Scorer> make_observed_attention_scorer(const ModelConfig& c) {
 namespace {
 RegisterScorer reg({"observed_attention",
                     "H2O-like: attention each key received during the context prefill, per query that saw it", false,
-                    [](const PressSpec&, const Model& m) { return make_observed_attention_scorer(m.config()); }});
+                    [](const PressSpec&, const Model& m) { return make_observed_attention_scorer(m.config()); },
+                    {.kvpress_parity = "exact (kvpress ObservedAttentionPress)"}});
 }  // namespace
 
 }  // namespace kvzap

@@ -56,7 +56,7 @@ RegisterScorer reg({"pyramidkv",
                     "PyramidKV: SnapKV scores with per-layer budgets decreasing linearly with depth (beta 20), "
                     "same count per head (its own budget: the ratio scope does not apply)",
                     false, [](const PressSpec&, const Model& m) { return make_pyramidkv_scorer(m.config()); },
-                    {.min_context_tokens = kSnapKvWindow}});
+                    {.min_context_tokens = kSnapKvWindow, .kvpress_parity = "exact (kvpress PyramidKVPress)"}});
 }  // namespace
 
 }  // namespace kvzap

@@ -26,7 +26,8 @@ class RandomScorer : public Scorer {
 };
 
 RegisterScorer reg({"random", "uniform random scores, seeded by --seed (a baseline)", true,
-                    [](const PressSpec& opt, const Model&) { return std::make_unique<RandomScorer>(opt.seed); }});
+                    [](const PressSpec& opt, const Model&) { return std::make_unique<RandomScorer>(opt.seed); },
+                    {.kvpress_parity = "cannot match: different random generators (same counts)"}});
 
 }  // namespace
 }  // namespace kvzap

@@ -61,7 +61,7 @@ namespace {
 RegisterScorer reg({"snapkv",
                     "SnapKV: attention of the context's last 64 queries, pooled over 5 positions; the window is kept",
                     false, [](const PressSpec&, const Model& m) { return make_snapkv_scorer(m.config()); },
-                    {.min_context_tokens = kSnapKvWindow}});
+                    {.min_context_tokens = kSnapKvWindow, .kvpress_parity = "exact (kvpress SnapKVPress)"}});
 }  // namespace
 
 }  // namespace kvzap

@@ -32,7 +32,8 @@ class StreamingScorer : public Scorer {
 };
 
 RegisterScorer reg({"streaming_llm", "keeps the first 4 tokens (attention sinks) and the most recent ones", false,
-                    [](const PressSpec&, const Model&) { return std::make_unique<StreamingScorer>(); }});
+                    [](const PressSpec&, const Model&) { return std::make_unique<StreamingScorer>(); },
+                    {.kvpress_parity = "exact (kvpress StreamingLLMPress)"}});
 
 }  // namespace
 }  // namespace kvzap

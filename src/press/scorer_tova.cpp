@@ -57,7 +57,8 @@ std::unique_ptr<Scorer> make_tova_scorer(const ModelConfig& c) { return std::mak
 
 namespace {
 RegisterScorer reg({"tova", "TOVA: attention of the context's last token, averaged over all heads of the layer", false,
-                    [](const PressSpec&, const Model& m) { return make_tova_scorer(m.config()); }});
+                    [](const PressSpec&, const Model& m) { return make_tova_scorer(m.config()); },
+                    {.kvpress_parity = "match up to ties (kvpress TOVAPress)"}});
 }  // namespace
 
 }  // namespace kvzap

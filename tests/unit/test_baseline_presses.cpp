@@ -674,6 +674,163 @@ TEST(BaselineScorers, CompactorBlendsLeverageAndTiledNonCausalAttention) {
   }
 }
 
+TEST(BaselineScorers, NonCausalAttnPadsTheLastTileAsKvpress) {
+  // kvpress 0.5.5 NonCausalAttnPress, written out on a padded 256 x 256 tile: the last tile's missing
+  // rows are zero queries and its missing keys zero keys; padding rows get logit 0 everywhere, padding
+  // columns -1e-9 (== 0 once exponentiated in f32). Tiles start at position 0; nothing is protected.
+  const ModelConfig c = small_config();
+  const int64_t T = 256 + 90;
+  const Context x = make_context(c, T, 17, /*rope=*/true, 0.5f);
+  const int D = c.head_dim, G = c.n_group(), Hkv = c.n_head_kv;
+  Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)Hkv));
+  for (int l = 0; l < c.n_layer; l++) {
+    std::vector<std::vector<double>> att((size_t)Hkv, std::vector<double>((size_t)T, 0.0));
+    for (int hk = 0; hk < Hkv; hk++) {
+      for (int64_t t0 = 0; t0 < T; t0 += 256) {
+        for (int g = 0; g < G; g++)
+          for (int64_t r = 0; r < 256; r++) {  // every row of the padded tile
+            const int64_t j = t0 + r;
+            std::vector<double> logit(256, 0.0);
+            for (int64_t i = 0; i < 256; i++)
+              if (j < T && t0 + i < T) logit[(size_t)i] = dot(x.query(l, hk * G + g, j), x.key(l, hk, t0 + i), D);
+            double mx = -INFINITY, sum = 0;
+            for (double v : logit) mx = std::max(mx, v);
+            for (double& v : logit) sum += (v = std::exp(v - mx));
+            for (int64_t i = 0; i < 256 && t0 + i < T; i++) att[(size_t)hk][(size_t)(t0 + i)] += logit[(size_t)i] / sum / G;
+          }
+      }
+      for (int64_t i = 0; i < T; i++) att[(size_t)hk][(size_t)i] *= std::sqrt(dot(x.value(l, hk, i), x.value(l, hk, i), D));
+      att[(size_t)hk] = naive_pool(att[(size_t)hk], 3);
+    }
+    std::vector<double*> ap;
+    for (int hk = 0; hk < Hkv; hk++) ap.push_back(att[(size_t)hk].data());
+    naive_zscore(ap, (size_t)T);
+    for (int hk = 0; hk < Hkv; hk++) want[(size_t)l][(size_t)hk] = att[(size_t)hk];
+  }
+  for (int64_t step : std::vector<int64_t>{T, 100, 1}) {
+    auto s = make_non_causal_scorer(c, {.sink_start = 0, .sink_end = 0, .leverage = false, .pad_last_tile = true});
+    expect_scores_near(run_scorer(*s, x, step), want, 2e-3, "non_causal_attn", 2e-3);
+  }
+  // Without the padding (the real rows of the last tile only) the scores differ: the check can fail.
+  auto plain = make_non_causal_scorer(c, {.sink_start = 0, .sink_end = 0, .leverage = false, .pad_last_tile = false});
+  const CacheScores got = run_scorer(*plain, x, T);
+  double worst = 0;
+  for (int64_t i = 256; i < T; i++) worst = std::max(worst, std::fabs(got[0][0][(size_t)i] - want[0][0][(size_t)i]));
+  EXPECT_GT(worst, 1e-2);
+}
+
+}  // namespace
+namespace kvzap {
+std::unique_ptr<Scorer> make_cap_scorer(const ModelConfig& c);  // press/scorer_cap.cpp
+std::unique_ptr<Scorer> make_block_keydiff_scorer();               // press/scorer_block_keydiff.cpp
+}  // namespace kvzap
+namespace {
+
+TEST(BaselineScorers, CapWeighsValueLeverageByAnchorSimilarity) {
+  // kvpress CapPress written out: anchor = mean over future positions T..T+511 of the mean pre-RoPE query
+  // rotated there; w = exp(5 cos - max); M = I + sum (w + 1e-6) v v^T, inverted by Gauss-Jordan.
+  const ModelConfig c = small_config();
+  const int64_t T = 150;
+  const Context x = make_context(c, T, 23, /*rope=*/true, 0.5f);
+  const int D = c.head_dim, G = c.n_group(), Hkv = c.n_head_kv, H = c.n_head;
+  Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)Hkv, std::vector<double>((size_t)T, INFINITY)));
+  for (int l = 0; l < c.n_layer; l++)
+    for (int hk = 0; hk < Hkv; hk++) {
+      std::vector<double> acc((size_t)T, 0.0);
+      for (int g = 0; g < G; g++) {
+        const int hq = hk * G + g;
+        std::vector<float> mu((size_t)D, 0.0f);
+        for (int64_t t = 4; t < T; t++)
+          for (int d = 0; d < D; d++) mu[(size_t)d] += x.qpre[(size_t)l][(size_t)((t * H + hq) * D + d)] / (float)(T - 4);
+        std::vector<double> a((size_t)D, 0.0);
+        for (int64_t p = T; p < T + 512; p++) {
+          std::vector<float> r = mu;
+          rotate(c, r.data(), p);
+          for (int d = 0; d < D; d++) a[(size_t)d] += r[(size_t)d] / 512.0;
+        }
+        std::vector<double> w((size_t)T, 0.0);
+        double mx = -INFINITY;
+        for (int64_t i = 4; i < T; i++) {
+          const float* k = x.key(l, hk, i);
+          double dp = 0, an = 0, kn = 0;
+          for (int d = 0; d < D; d++) dp += a[(size_t)d] * k[d], an += a[(size_t)d] * a[(size_t)d], kn += (double)k[d] * k[d];
+          w[(size_t)i] = 5.0 * dp / std::sqrt(an) / std::sqrt(kn);
+          mx = std::max(mx, w[(size_t)i]);
+        }
+        std::vector<double> A((size_t)(D * 2 * D), 0.0);
+        for (int r = 0; r < D; r++) A[(size_t)(r * 2 * D + r)] = 1.0, A[(size_t)(r * 2 * D + D + r)] = 1.0;
+        for (int64_t i = 4; i < T; i++) {
+          w[(size_t)i] = std::exp(w[(size_t)i] - mx);
+          const float* v = x.value(l, hk, i);
+          for (int r = 0; r < D; r++)
+            for (int q = 0; q < D; q++) A[(size_t)(r * 2 * D + q)] += (w[(size_t)i] + 1e-6) * v[r] * v[q];
+        }
+        for (int col = 0; col < D; col++) {
+          const double pv = A[(size_t)(col * 2 * D + col)];
+          for (int cc = 0; cc < 2 * D; cc++) A[(size_t)(col * 2 * D + cc)] /= pv;
+          for (int r = 0; r < D; r++)
+            if (r != col) {
+              const double f = A[(size_t)(r * 2 * D + col)];
+              for (int cc = 0; cc < 2 * D; cc++) A[(size_t)(r * 2 * D + cc)] -= f * A[(size_t)(col * 2 * D + cc)];
+            }
+        }
+        for (int64_t i = 4; i < T; i++) {
+          const float* v = x.value(l, hk, i);
+          double lev = 0;
+          for (int r = 0; r < D; r++)
+            for (int q = 0; q < D; q++) lev += v[r] * A[(size_t)(r * 2 * D + D + q)] * v[q];
+          acc[(size_t)i] += w[(size_t)i] * lev / G;
+        }
+      }
+      for (int64_t i = 4; i < T; i++) want[(size_t)l][(size_t)hk][(size_t)i] = acc[(size_t)i];
+    }
+  for (int64_t step : std::vector<int64_t>{T, 7}) {
+    auto s = make_cap_scorer(c);
+    expect_scores_near(run_scorer(*s, x, step), want, 2e-3, "cap", 1e-6);
+  }
+}
+
+TEST(BaselineScorers, BlockKeyDiffKeepsItsBudgetBlockByBlock) {
+  // kvpress BlockPress(KeyDiffPress, 128) written out: start from the first n entries, then for each next
+  // block score kept + block with KeyDiff over those entries only and keep the n best.
+  const ModelConfig c = small_config();
+  const int64_t T = 300;
+  const Context x = make_context(c, T, 29, /*rope=*/true);
+  const double ratio = 0.5;
+  const int64_t n = (int64_t)((double)T * (1.0 - ratio));
+  const auto kept = run_ratio(make_block_keydiff_scorer(), x, ratio, "global");  // its own budget: scope ignored
+  bool differs_from_plain_keydiff = false;
+  for (int l = 0; l < c.n_layer; l++)
+    for (int hk = 0; hk < c.n_head_kv; hk++) {
+      std::vector<int32_t> cur((size_t)n);
+      std::iota(cur.begin(), cur.end(), 0);
+      for (int64_t i = n; i < T; i += 128) {
+        std::vector<int32_t> cand = cur;
+        for (int64_t j = i; j < std::min<int64_t>(i + 128, T); j++) cand.push_back((int32_t)j);
+        std::vector<double> anchor((size_t)c.head_dim, 0.0), s;
+        for (int32_t p : cand) {
+          const double nk = std::sqrt(dot(x.key(l, hk, p), x.key(l, hk, p), c.head_dim));
+          for (int d = 0; d < c.head_dim; d++) anchor[(size_t)d] += x.key(l, hk, p)[d] / nk / (double)cand.size();
+        }
+        double an = 0;
+        for (double a : anchor) an += a * a;
+        for (int32_t p : cand) {
+          double dp = 0;
+          for (int d = 0; d < c.head_dim; d++) dp += x.key(l, hk, p)[d] * anchor[(size_t)d];
+          s.push_back(-dp / std::sqrt(dot(x.key(l, hk, p), x.key(l, hk, p), c.head_dim)) / std::sqrt(an));
+        }
+        std::vector<int32_t> best;
+        for (int64_t r : top_slots(s, n)) best.push_back(cand[(size_t)r]);
+        cur = best;
+      }
+      std::sort(cur.begin(), cur.end());
+      EXPECT_EQ(kept[(size_t)l][(size_t)hk], cur) << "layer " << l << " head " << hk;
+      const auto plain = run_ratio(make_keydiff_scorer(), x, ratio, "head");
+      differs_from_plain_keydiff |= plain[(size_t)l][(size_t)hk] != cur;
+    }
+  EXPECT_TRUE(differs_from_plain_keydiff);  // the blocks matter: the control can tell the two apart
+}
+
 // ---------------------------------------------------------------- budgets
 
 TEST(BaselineBudgets, PyramidBudgetsFollowKvpressFormula) {
@@ -852,9 +1009,12 @@ TEST_F(BaselinesWithModel, RegistryHoldsEveryBaselineButNotNoPress) {
   for (const ScorerEntry& e : scorer_registry()) {
     names.insert(e.name);
     EXPECT_FALSE(e.description.empty()) << e.name;
+    // `kvzap presses` shows each press's standing against kvpress (docs/PARITY.md).
+    EXPECT_FALSE(e.traits.kvpress_parity.empty()) << e.name;
   }
   for (const char* n : {"snapkv", "tova", "observed_attention", "expected_attention", "expected_attention_uniform",
-                        "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur", "compactor"})
+                        "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur", "compactor",
+                        "non_causal_attn", "cap", "block_keydiff", "critical_snapkv"})
     EXPECT_TRUE(names.count(n)) << n;
   EXPECT_FALSE(names.count("no_press"));
   PressSpec o;
@@ -885,7 +1045,7 @@ TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
   const std::vector<int32_t> question = model_->tokenizer().encode(" How many boats were counted at dawn?", false);
   for (const char* name : {"snapkv", "tova", "observed_attention", "expected_attention", "expected_attention_uniform",
                            "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur",
-                           "compactor", "adakv_keydiff"}) {
+                           "compactor", "adakv_keydiff", "non_causal_attn", "cap", "block_keydiff", "critical_snapkv"}) {
     SCOPED_TRACE(name);
     PressSpec o;
     o.name = name;
@@ -908,10 +1068,12 @@ TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
     for (int l = 0; l < c.n_layer; l++)
       for (int h = 0; h < c.n_head_kv; h++) {
         const int64_t len = s.cache().length(l, h);
-        if (n == "snapkv" || n == "tova" || n == "pyramidkv" || n == "adakv_snapkv")
+        if (n == "snapkv" || n == "tova" || n == "pyramidkv" || n == "adakv_snapkv" || n == "critical_snapkv")
           EXPECT_EQ(s.cache().position_at(l, h, len - 1), T - 1);
-        if (n == "snapkv" || n == "adakv_snapkv") EXPECT_EQ(s.cache().position_at(l, h, len - 64), T - 64);
-        if (n == "expected_attention_uniform" || n == "cur" || n == "compactor")
+        // CriticalKV's first stage (int(150 / 2) = 75 entries) takes SnapKV's window whole.
+        if (n == "snapkv" || n == "adakv_snapkv" || n == "critical_snapkv")
+          EXPECT_EQ(s.cache().position_at(l, h, len - 64), T - 64);
+        if (n == "expected_attention_uniform" || n == "cur" || n == "compactor" || n == "cap")
           EXPECT_EQ(s.cache().position_at(l, h, 3), 3);
       }
     GenerateOptions g;

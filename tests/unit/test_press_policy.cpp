@@ -347,7 +347,9 @@ std::vector<std::tuple<int, int, int32_t>> reference_evicted(const ScoreFn& fn, 
   std::vector<std::tuple<int, int, int32_t>> out;
   for (auto& g : groups) {
     std::sort(g.begin(), g.end());
-    const size_t k = (size_t)std::floor(ratio * (double)g.size());
+    // Per head: kvpress's compute_n_kept (int(T (1 - ratio)) kept, at least one); otherwise floor(ratio n).
+    const size_t k = scope == "head" ? g.size() - std::max<size_t>(1, (size_t)((double)g.size() * (1.0 - ratio)))
+                                     : (size_t)std::floor(ratio * (double)g.size());
     for (size_t i = 0; i < k; i++) out.emplace_back(std::get<1>(g[i]), std::get<2>(g[i]), std::get<3>(g[i]));
   }
   std::sort(out.begin(), out.end());

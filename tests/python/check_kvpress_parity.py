@@ -1,0 +1,491 @@
+#!/usr/bin/env python3
+"""kvzap's presses against NVIDIA kvpress on tiny random Hugging Face checkpoints (docs/PARITY.md).
+
+For every press both have, the same compression ratio is run by kvpress (the installed package, on
+transformers, f32 on the CPU) and by kvzap (`kvzap generate --json --kv-type f32`) on the same folder
+and the same token ids, and compared:
+  * the kept set of every (layer, KV head): Jaccard |A n B| / |A u B| of the context positions kept;
+  * the answer: the greedy tokens generated after the compressed context (kvpress's pipeline way:
+    position ids continue after the full context whatever the cache holds).
+kvpress's kept set is read from the cache it leaves: every kept key row is found, bit for bit, among
+the keys of an uncompressed run of the same model (compression happens after each layer's attention,
+so the keys are the same), less the rows it masks instead of removing (`masked_key_indices`: AdaKV,
+KVzip).
+
+Models (written by this script into a temporary folder, nothing downloaded): a tiny random Llama
+(Llama 3 style BPE tokenizer with BOS, untied head, a content-only chat template) and a tiny random
+SmolLM2-form model (LlamaForCausalLM with tied embeddings, SmolLM2's digit-splitting tokenizer, a
+ChatML template with a system turn). Three contexts of about 300, 400 and 500 tokens.
+
+Each press has an expectation (PRESSES below): "exact" presses must keep identical sets (Jaccard 1.0
+on every head of every context) and give identical answers, or the check fails; "report" presses are
+measured and printed only, with the reason they cannot match (different random numbers, a deliberate
+difference). A press whose exact parity breaks fails the run.
+
+Needs torch, transformers (< 5.3, what kvpress 0.5.5 accepts), tokenizers and kvpress; without them it
+prints SKIPPED and exits 0. Env: KVZAP_BIN (default <repo>/build/kvzap). Options: -v (per-head detail),
+--press NAME (only that kvzap press; repeatable), --json FILE (the measured table), --markdown (the table
+as docs/PARITY.md shows it).
+Prints "N passed, M failed, K skipped"; exits 1 on failure.
+"""
+import json
+import os
+
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+import random
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+results = {"passed": 0, "failed": 0, "skipped": 0}
+ARGS = sys.argv[1:]
+VERBOSE = "-v" in ARGS
+ONLY = [ARGS[i + 1] for i, a in enumerate(ARGS) if a == "--press" and i + 1 < len(ARGS)]
+JSON_OUT = next((ARGS[i + 1] for i, a in enumerate(ARGS) if a == "--json" and i + 1 < len(ARGS)), None)
+RATIO = 0.5
+N_ANSWER = 6
+
+
+def report(ok, line):
+    results["passed" if ok else "failed"] += 1
+    print(("ok   " if ok else "FAIL ") + line, flush=True)
+
+
+def skip(line):
+    results["skipped"] += 1
+    print("SKIPPED: " + line, flush=True)
+
+
+def finish():
+    print("%d passed, %d failed, %d skipped" % (results["passed"], results["failed"], results["skipped"]))
+    sys.exit(1 if results["failed"] else 0)
+
+
+def kvzap_bin():
+    return os.environ.get("KVZAP_BIN", os.path.join(ROOT, "build", "kvzap"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The presses: kvzap name, its ratio scope (kvpress's budget split), the kvpress press, the
+# attention implementation kvpress needs, and the expectation.
+# ---------------------------------------------------------------------------------------------
+
+def presses():
+    import kvpress as K
+    sn = K.SnapKVPress
+    ea = lambda: K.ExpectedAttentionPress(epsilon=1e-2)  # noqa: E731  (kvzap's epsilon: kvpress's leaderboard setting)
+    P = []
+
+    def add(name, scope, make, attn="sdpa", expect="exact", why="", variant=""):
+        P.append(dict(name=name, scope=scope, make=make, attn=attn, expect=expect, why=why, variant=variant))
+
+    add("knorm", "head", lambda r: K.KnormPress(compression_ratio=r))
+    add("streaming_llm", "head", lambda r: K.StreamingLLMPress(compression_ratio=r))
+    add("snapkv", "head", lambda r: sn(compression_ratio=r))
+    add("adakv_snapkv", "adakv", lambda r: K.AdaKVPress(sn(compression_ratio=r)))
+    add("pyramidkv", "head", lambda r: K.PyramidKVPress(compression_ratio=r))
+    add("chunkkv", "head", lambda r: K.ChunkKVPress(press=sn(compression_ratio=r), chunk_length=20))
+    add("tova", "head", lambda r: K.TOVAPress(compression_ratio=r))
+    add("observed_attention", "head", lambda r: K.ObservedAttentionPress(compression_ratio=r), attn="eager")
+    add("expected_attention_uniform", "head", lambda r: (lambda p: (setattr(p, "compression_ratio", r), p)[1])(ea()))
+    add("expected_attention", "adakv",
+        lambda r: K.AdaKVPress((lambda p: (setattr(p, "compression_ratio", r), p)[1])(ea())))
+    add("keydiff", "head", lambda r: K.KeyDiffPress(compression_ratio=r))
+    add("lagkv", "head", lambda r: K.LagKVPress(compression_ratio=r))
+    add("cur", "head", lambda r: K.CURPress(compression_ratio=r))
+    add("kvzip", "global", lambda r: protect_prefix(K.KVzipPress(compression_ratio=r)))
+    add("kvzip+", "global", lambda r: protect_prefix(K.KVzipPress(compression_ratio=r, kvzip_plus_normalization=True)))
+    prefix_why = ("kvpress scores the chat-template prefix 0 beyond its 4 sinks, kvzap protects it "
+                  "(docs/ALGORITHMS.md 2.3); equal where the prefix has at most 4 tokens")
+    add("kvzip", "global", lambda r: protect_prefix(K.KVzipPress(compression_ratio=r), False), expect="report",
+        why=prefix_why, variant="kvpress unchanged")
+    add("kvzip+", "global",
+        lambda r: protect_prefix(K.KVzipPress(compression_ratio=r, kvzip_plus_normalization=True), False),
+        expect="report", why=prefix_why, variant="kvpress unchanged")
+    add("non_causal_attn", "head", lambda r: K.NonCausalAttnPress(compression_ratio=r))
+    add("adakv_non_causal_attn", "adakv", lambda r: K.AdaKVPress(K.NonCausalAttnPress(compression_ratio=r)))
+    add("critical_snapkv", "head", lambda r: K.CriticalKVPress(sn(compression_ratio=r)))
+    add("block_keydiff", "head", lambda r: K.BlockPress(press=K.KeyDiffPress(compression_ratio=r), block_size=128))
+    add("cap", "head", lambda r: K.CapPress(compression_ratio=r))
+    add("adakv_cap", "adakv", lambda r: K.AdaKVPress(K.CapPress(compression_ratio=r)))
+    add("compactor", "head", lambda r: K.CompactorPress(compression_ratio=r), expect="report",
+        why="kvpress draws its Gaussian sketch unseeded from torch's generator, kvzap from PressSpec::seed")
+    add("adakv_compactor", "adakv", lambda r: K.AdaKVPress(K.CompactorPress(compression_ratio=r)), expect="report",
+        why="as compactor")
+    # Negative control: a different press must be told apart (the comparison can fail).
+    add("knorm", "head", lambda r: K.KeyDiffPress(compression_ratio=r), expect="differ",
+        why="negative control", variant="against kvpress KeyDiffPress")
+    add("random", "head", lambda r: K.RandomPress(compression_ratio=r, seed=42), expect="report",
+        why="different generators (torch.rand vs a hash of (seed, layer, head, position)): only the counts match")
+    return P
+
+
+def protect_prefix(press, on=True):
+    """KVzip with kvzap's rule for the chat-template prefix (docs/ALGORITHMS.md §2.3): kvpress scores the
+    prefix 0 beyond its 4 sinks (evicted first), kvzap protects all of it. Where the prefix is longer than
+    4 tokens (the SmolLM2 form's system turn) the prefix entries get kvpress's sink score too, so that the
+    rest of the comparison stands; the unchanged kvpress result is printed beside it."""
+    original = press.compress_post
+
+    def compress_post(model):
+        if on and press.prefix_length > press.n_sink:
+            press.score_val[..., : press.prefix_length] = press.score_val.amax() + 1.0
+        original(model)
+    press.compress_post = compress_post
+    return press
+
+
+# ---------------------------------------------------------------------------------------------
+# Models and contexts
+# ---------------------------------------------------------------------------------------------
+
+CHATML = ("{% for m in messages %}{% if loop.first and m['role'] != 'system' %}<|im_start|>system\n"
+          "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n{% endif %}"
+          "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# Llama 3's special tokens; the user turn opens with 2 tokens (BOS, header), fewer than kvpress's 4 sinks, so
+# KVzip's template-prefix rule (docs/ALGORITHMS.md §2.3, where kvzap deliberately departs) does not apply.
+LLAMA_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['content'] }}<|eot_id|>{% endfor %}"
+                  "{% if add_generation_prompt %}<|end_header_id|>{% endif %}")
+QUESTION = "First number?"
+
+
+def write_model(d, kind, seed):
+    """A 4-layer random LlamaForCausalLM (hidden 64, 4 query heads over 2 KV heads, head_dim 16) with a
+    trained tokenizer, saved as a Hugging Face folder (f32 safetensors)."""
+    import torch
+    import transformers as T
+    from check_hf import byte_level_tokenizer, save_tokenizer
+    tok, names = byte_level_tokenizer("llama3" if kind == "llama" else "smollm")
+    ids = {k.replace("_token", "_token_id"): tok.token_to_id(v) for k, v in names.items()
+           if k in ("bos_token", "eos_token")}
+    torch.manual_seed(seed)
+    cfg = T.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=len(tok.get_vocab()), max_position_embeddings=4096,
+                        rms_norm_eps=1e-5, tie_word_embeddings=kind != "llama", **ids)
+    model = T.LlamaForCausalLM(cfg)
+    with torch.no_grad():  # larger than the default init: peaked attention, scores far from uniform
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.15)
+            else:
+                p.normal_(1.0, 0.1)
+    model.save_pretrained(d, safe_serialization=True)
+    save_tokenizer(tok, names, d, chat_template=LLAMA_TEMPLATE if kind == "llama" else CHATML)
+
+
+WORDS = ("the of and to in is was that for on with as by at from it his her they this which be an had not are "
+         "but were have one all their there been has would when who will more no if out so said what up its "
+         "about into than them can only other new some could time these two may then do first any my now "
+         "such like our over man me even most made after also did many before must through back years where "
+         "much your way well down should because each just those people how too little state good very make "
+         "world still own see men work long get here between both life being under never day same another "
+         "know while last might us great old year off come since against go came right used take three").split()
+
+
+def contexts():
+    """Three plain-prose contexts (seeded word salad with numbers and punctuation)."""
+    out = []
+    for seed, n_words in ((1, 230), (2, 310), (3, 390)):
+        rng = random.Random(seed)
+        parts = []
+        for i in range(n_words):
+            w = rng.choice(WORDS)
+            if rng.random() < 0.05:
+                w = str(rng.randint(0, 9999))
+            parts.append(w)
+            if rng.random() < 0.08:
+                parts[-1] += rng.choice([".", ",", ";", "?"])
+        out.append(" ".join(parts) + ".")
+    return out
+
+
+def pipeline_ids(tok, context, question):
+    """kvpress's pipeline preprocessing: the context inside the user turn of the chat template (text up to
+    the content, the content), the question after it followed by the end of the turn and the assistant
+    header; encoded without added special tokens. kvzap's --context-file --question --chat puts "\n\n"
+    before the question, so it is part of the question text here."""
+    sep = "#" * (len(context) + 10)
+    text = tok.apply_chat_template([{"role": "user", "content": context + sep}], add_generation_prompt=True,
+                                   tokenize=False)
+    ctx_text, suffix = text.split(sep)
+    return (tok.encode(ctx_text, add_special_tokens=False),
+            tok.encode("\n\n" + question + suffix, add_special_tokens=False))
+
+
+# ---------------------------------------------------------------------------------------------
+# kvpress side
+# ---------------------------------------------------------------------------------------------
+
+def full_keys(model, ids):
+    """Keys of every layer after an uncompressed prefill: {layer: [H, T, D] tensor}."""
+    import torch
+    from transformers import DynamicCache
+    cache = DynamicCache()
+    with torch.no_grad():
+        model(input_ids=torch.tensor([ids]), past_key_values=cache)
+    return [cache.layers[l].keys[0].clone() for l in range(len(cache.layers))]
+
+
+def record_scores(press):
+    """Wraps the score() of the ScorerPress inside `press` (itself, or the one AdaKV / ChunkKV wrap) so that
+    its scores [layer] -> [H, T] are kept (a copy: AdaKV overwrites its protected entries)."""
+    from kvpress import ScorerPress
+    from kvpress import BlockPress
+    if isinstance(press, BlockPress):  # scores subsets block by block: no per-position scores to keep
+        return {}
+    inner = press if isinstance(press, ScorerPress) else getattr(press, "press", None)
+    recorded = {}
+    if not isinstance(inner, ScorerPress):
+        return recorded
+    original = inner.score
+
+    def score(module, *a, **k):
+        s = original(module, *a, **k)
+        recorded[int(module.layer_idx)] = s[0].detach().clone()
+        return s
+    inner.score = score
+    return recorded
+
+
+def kvpress_run(model, press, ids, q_ids, ref_keys, n_answer):
+    """Kept positions [layer][head] (sorted lists), the greedy answer under `press`, and the scores its
+    ScorerPress gave ({layer: [H, T]}, empty for other presses)."""
+    import torch
+    from transformers import DynamicCache
+    cache = DynamicCache()
+    T = len(ids)
+    scores = record_scores(press)
+    with torch.no_grad():
+        with press(model):
+            model.model(input_ids=torch.tensor([ids]), past_key_values=cache)
+        kept = []
+        layers = model.model.layers
+        for l, layer in enumerate(layers):
+            keys = cache.layers[l].keys[0]
+            ref = ref_keys[l]
+            H = keys.shape[0]
+            masked = getattr(layer.self_attn, "masked_key_indices", None)
+            masked_by_head = [set() for _ in range(H)]
+            if masked is not None:
+                _, hs, ss = masked
+                for h, s in zip(hs.tolist(), ss.tolist()):
+                    masked_by_head[h].add(s)
+            row = []
+            for h in range(H):
+                index = {ref[h, t].numpy().tobytes(): t for t in range(T)}
+                pos = []
+                for i in range(keys.shape[1]):
+                    if i in masked_by_head[h]:
+                        continue
+                    t = index.get(keys[h, i].numpy().tobytes())
+                    if t is None:
+                        raise RuntimeError("layer %d head %d: kept key row %d is not a key of the context" % (l, h, i))
+                    pos.append(t)
+                row.append(sorted(pos))
+            kept.append(row)
+        # The question, then the greedy answer, on the compressed cache (kvpress's pipeline: position ids
+        # continue after the full context whatever the cache holds).
+        # One token per step: kvpress masks (AdaKV, KVzip) with a fake key that must send every query of the
+        # step to -inf, which a multi-token step on a random model may not allow; layers of different lengths
+        # (PyramidKV) also break transformers' multi-token mask. Same result as one step otherwise.
+        masked = any(getattr(layer.self_attn, "masked_key_indices", None) is not None for layer in model.model.layers)
+        uneven = len({cache.layers[l].keys.shape[2] for l in range(len(cache.layers))}) > 1
+        for i0 in range(0, len(q_ids), 1 if masked or uneven else len(q_ids)):
+            part = q_ids[i0:] if not (masked or uneven) else q_ids[i0:i0 + 1]
+            out = model(input_ids=torch.tensor([part]), past_key_values=cache,
+                        position_ids=torch.arange(T + i0, T + i0 + len(part)).unsqueeze(0))
+        answer = [int(out.logits[0, -1].argmax())]
+        T += len(q_ids)
+        eos = model.generation_config.eos_token_id
+        eos = set(eos if isinstance(eos, list) else [eos])
+        for i in range(n_answer - 1):
+            if answer[-1] in eos:
+                break
+            o = model(input_ids=torch.tensor([[answer[-1]]]), past_key_values=cache,
+                      position_ids=torch.tensor([[T + i]]))
+            answer.append(int(o.logits[0, -1].argmax()))
+    if answer[-1] in eos:  # kvzap's answer tokens leave the end-of-sequence token out
+        answer.pop()
+    for layer in model.model.layers:  # AdaKV / KVzip leave their masks on the modules
+        layer.self_attn.masked_key_indices = None
+    return kept, answer, scores
+
+
+def explained_by_ties(k_kept, p_kept, score_row, rel=1e-5):
+    """Whether the positions one side keeps and the other does not all score the same in kvpress (within
+    float noise): a tie whose order neither side defines (torch.topk's order among equal values is its
+    selection algorithm's, not the index order)."""
+    if score_row is None:
+        return False
+    diff = sorted(set(k_kept) ^ set(p_kept))
+    v = [float(score_row[p]) for p in diff]
+    return max(v) - min(v) <= rel * max(1e-30, max(abs(x) for x in v))
+
+
+# ---------------------------------------------------------------------------------------------
+# kvzap side
+# ---------------------------------------------------------------------------------------------
+
+def read_cache_file(path):
+    """Kept positions [layer][head] from a `--save-cache` file (src/cache/cache_file.h, version 2)."""
+    b = open(path, "rb").read()
+    assert b[:8] == b"KVZCACHE", "not a kvzap cache file"
+    version, header_bytes = struct.unpack_from("<II", b, 8)
+    n_layer, n_head_kv, head_dim, n_vocab = struct.unpack_from("<IIII", b, 48)
+    n_tokens, = struct.unpack_from("<Q", b, 72)
+    press_bytes, has_logits, kv_type = struct.unpack_from("<III", b, 80)
+    row = {0: 2 * head_dim, 1: 4 * head_dim}[kv_type if version >= 2 else 0]
+    o = header_bytes + press_bytes + 4 * n_tokens + (4 * n_vocab if has_logits else 0)
+    kept = []
+    for _ in range(n_layer):
+        heads = []
+        for _ in range(n_head_kv):
+            n, = struct.unpack_from("<I", b, o)
+            o += 4
+            heads.append(list(struct.unpack_from("<%di" % n, b, o)))
+            o += 4 * n + 2 * n * row
+        kept.append(heads)
+    return kept
+
+
+def kvzap_run(d, text, name, scope, tmp, n_answer):
+    cache, ctx = os.path.join(tmp, "kvzap.cache"), os.path.join(tmp, "context.txt")
+    with open(ctx, "w", encoding="utf-8") as f:
+        f.write(text)
+    args = [kvzap_bin(), "generate", "-m", d, "--context-file", ctx, "--question", QUESTION, "--chat",
+            "--press", name, "--ratio", str(RATIO), "--ratio-scope", scope, "--temp", "0", "-n", str(n_answer),
+            "--json", "--kept-positions", "--kv-type", "f32", "-c", "4096", "-t", "2", "--save-cache", cache]
+    p = subprocess.run(args, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError("kvzap generate --press %s failed: %s" % (name, p.stderr.strip()[-600:]))
+    j = json.loads(p.stdout)
+    kept = j.get("kept_positions") or read_cache_file(cache)
+    return j.get("context_tokens"), kept, j["answers"][0]["tokens"]
+
+
+# ---------------------------------------------------------------------------------------------
+
+def jaccard(a, b):
+    a, b = set(a), set(b)
+    return 1.0 if not a and not b else len(a & b) / len(a | b)
+
+
+def main():
+    try:
+        import torch  # noqa: F401
+        import transformers
+        import kvpress  # noqa: F401
+        import tokenizers  # noqa: F401
+    except Exception as e:  # ImportError, or a kvpress that refuses this transformers
+        skip("kvpress parity: torch, transformers, tokenizers and kvpress are needed (%s)" % e)
+        finish()
+    if not os.path.exists(kvzap_bin()):
+        skip("kvpress parity: no kvzap binary at %s (set KVZAP_BIN)" % kvzap_bin())
+        finish()
+    import logging
+    import torch
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    logging.getLogger("kvpress").setLevel(logging.ERROR)
+    transformers.logging.set_verbosity_error()
+    torch.set_num_threads(1)
+    t_start = time.time()
+    table = []
+    with tempfile.TemporaryDirectory() as tmp:
+        texts = contexts()
+        for kind, seed in (("llama", 11), ("smollm2", 12)):
+            d = os.path.join(tmp, kind)
+            write_model(d, kind, seed)
+            tok = PreTrainedTokenizerFast.from_pretrained(d)
+            models = {a: AutoModelForCausalLM.from_pretrained(d, attn_implementation=a, dtype=torch.float32).eval()
+                      for a in ("sdpa", "eager")}
+            inputs = [pipeline_ids(tok, t, QUESTION) for t in texts]
+            ctx_ids = [i for i, _ in inputs]
+            refs = {a: [full_keys(models[a], ids) for ids in ctx_ids] for a in models}
+            for P in presses():
+                if ONLY and P["name"] not in ONLY:
+                    continue
+                label = "%s %s" % (kind, P["name"]) + (" [%s]" % P["variant"] if P["variant"] else "")
+                jac, answers_equal, errors, min_j = [], 0, [], 1.0
+                tie_heads, tie_contexts, answer_diff_contexts = 0, set(), set()
+                try:
+                    for c, (text, ids) in enumerate(zip(texts, ctx_ids)):
+                        k_ids, k_kept, k_answer = kvzap_run(d, text, P["name"], P["scope"], tmp, N_ANSWER)
+                        if k_ids is not None and k_ids != ids:
+                            raise RuntimeError("context %d: kvzap's token ids differ from the tokenizer's" % c)
+                        torch.manual_seed(0)
+                        p_kept, p_answer, p_scores = kvpress_run(models[P["attn"]], P["make"](RATIO), ids,
+                                                                 inputs[c][1], refs[P["attn"]][c], N_ANSWER)
+                        for l in range(len(p_kept)):
+                            for h in range(len(p_kept[l])):
+                                j = jaccard(k_kept[l][h], p_kept[l][h])
+                                jac.append(j)
+                                min_j = min(min_j, j)
+                                if j < 1:
+                                    row_scores = p_scores[l][h] if l in p_scores else None
+                                    if explained_by_ties(k_kept[l][h], p_kept[l][h], row_scores):
+                                        tie_heads += 1
+                                        tie_contexts.add(c)
+                                if VERBOSE and j < 1:
+                                    only_k = sorted(set(k_kept[l][h]) - set(p_kept[l][h]))
+                                    only_p = sorted(set(p_kept[l][h]) - set(k_kept[l][h]))
+                                    print("   ctx %d layer %d head %d: J %.4f kvzap-only %s kvpress-only %s"
+                                          % (c, l, h, j, only_k[:12], only_p[:12]))
+                        answers_equal += int(k_answer == p_answer)
+                        if k_answer != p_answer:
+                            answer_diff_contexts.add(c)
+                        if VERBOSE and k_answer != p_answer:
+                            print("   ctx %d answer kvzap %s kvpress %s" % (c, k_answer, p_answer))
+                except Exception as e:  # noqa: BLE001
+                    errors.append(str(e))
+                row = dict(model=kind, press=P["name"], variant=P["variant"], expect=P["expect"], why=P["why"])
+                if errors:
+                    row.update(error=errors[0])
+                    table.append(row)
+                    report(False, "%s: %s" % (label, errors[0]))
+                    continue
+                mean_j = sum(jac) / len(jac)
+                exact_heads = sum(1 for j in jac if j == 1.0)
+                differing = len(jac) - exact_heads
+                row.update(mean_jaccard=mean_j, min_jaccard=min_j, heads_identical=exact_heads, heads=len(jac),
+                           heads_tied=tie_heads, answers_identical=answers_equal, contexts=len(texts))
+                table.append(row)
+                line = ("%s: Jaccard mean %.4f min %.4f (%d/%d heads identical, %d differ only in tied scores), "
+                        "answers %d/%d identical" % (label, mean_j, min_j, exact_heads, len(jac), tie_heads,
+                                                     answers_equal, len(texts)))
+                if P["expect"] == "exact":
+                    # Identical, or different only where kvpress's own scores tie (then the answer of that
+                    # context may differ too: its cache differs).
+                    ok = differing == tie_heads and answer_diff_contexts <= tie_contexts
+                    report(ok, line)
+                elif P["expect"] == "differ":
+                    report(differing > tie_heads, line + " [%s: must differ]" % P["why"])
+                else:
+                    print("info " + line + " [not expected to match: %s]" % P["why"], flush=True)
+    if JSON_OUT:
+        with open(JSON_OUT, "w") as f:
+            json.dump(table, f, indent=1)
+    if "--markdown" in ARGS:  # the table of docs/PARITY.md
+        print("| model | kvzap press | Jaccard mean / min | heads identical (tied) | answers identical | expectation |")
+        print("|---|---|---|---|---|---|")
+        for r in table:
+            name = r["press"] + (" [%s]" % r["variant"] if r["variant"] else "")
+            if "error" in r:
+                print("| %s | %s | error: %s | | | %s |" % (r["model"], name, r["error"], r["expect"]))
+                continue
+            print("| %s | %s | %.4f / %.4f | %d/%d (%d) | %d/%d | %s |"
+                  % (r["model"], name, r["mean_jaccard"], r["min_jaccard"], r["heads_identical"], r["heads"],
+                     r["heads_tied"], r["answers_identical"], r["contexts"], r["expect"]))
+    print("kvpress parity: %.1f s" % (time.time() - t_start))
+    finish()
+
+
+if __name__ == "__main__":
+    main()
