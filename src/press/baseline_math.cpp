@@ -237,6 +237,31 @@ void WindowQueries::push(const LayerStep& step) {
   count = keep + take;
 }
 
+void keydiff_scores(const float* keys, int D, const int64_t* rows, size_t n, double* out) {
+  auto key = [&](size_t j) { return keys + (size_t)(rows ? rows[j] : (int64_t)j) * D; };
+  std::vector<double> norm(n), anchor((size_t)D, 0.0);
+  for (size_t j = 0; j < n; j++) {
+    const float* k = key(j);
+    double s = 0;
+    for (int d = 0; d < D; d++) s += (double)k[d] * k[d];
+    norm[j] = std::sqrt(s);
+    const double inv = 1.0 / std::max(norm[j], 1e-12);  // F.normalize's eps
+    for (int d = 0; d < D; d++) anchor[(size_t)d] += k[d] * inv;
+  }
+  double an = 0;
+  for (double& a : anchor) {
+    a /= (double)n;
+    an += a * a;
+  }
+  an = std::sqrt(an);
+  for (size_t j = 0; j < n; j++) {
+    const float* k = key(j);
+    double dot = 0;
+    for (int d = 0; d < D; d++) dot += k[d] * anchor[(size_t)d];
+    out[j] = -dot / std::max(norm[j] * an, 1e-8);  // cosine_similarity's eps
+  }
+}
+
 std::vector<double> gaussian_sketch(uint64_t seed, int layer, int head, int d, int k) {
   // common/rng.h draws: the same sketch with every standard library (std::normal_distribution is not).
   Rng rng(seed * 0x9E3779B97F4A7C15ull + (uint64_t)layer * 1000003ull + (uint64_t)head);

@@ -75,6 +75,11 @@ class WindowQueries {
   std::vector<int64_t> count_;
 };
 
+// KeyDiff (kvpress KeyDiffPress): -cos(k_i, anchor), anchor = the mean of the L2-normalised keys, over the
+// rows `rows[0..n)` of keys [T][D] (rows null: rows 0..n-1); out [n], in double (block_keydiff compares
+// them across blocks).
+void keydiff_scores(const float* keys, int D, const int64_t* rows, size_t n, double* out);
+
 // A right Gaussian sketch for stream (layer, head): [d][k] entries N(0, 1) / sqrt(k), reproducible
 // from (seed, layer, head).
 std::vector<double> gaussian_sketch(uint64_t seed, int layer, int head, int d, int k);

@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "kvzap/error.h"
+#include "press/baseline_math.h"
 #include "press/baselines.h"
 
 namespace kvzap {
@@ -19,29 +20,8 @@ constexpr int64_t kBlock = 128;
 
 // -cos(k_i, anchor) for the entries `idx` of one stream's keys [T][D], anchor over the same entries.
 void keydiff_scores(const std::vector<float>& keys, int D, const std::vector<int64_t>& idx, std::vector<double>& out) {
-  const size_t n = idx.size();
-  std::vector<double> norm(n), anchor((size_t)D, 0.0);
-  for (size_t j = 0; j < n; j++) {
-    const float* k = keys.data() + (size_t)idx[j] * D;
-    double s = 0;
-    for (int d = 0; d < D; d++) s += (double)k[d] * k[d];
-    norm[j] = std::sqrt(s);
-    const double inv = 1.0 / std::max(norm[j], 1e-12);  // F.normalize's eps
-    for (int d = 0; d < D; d++) anchor[(size_t)d] += k[d] * inv;
-  }
-  double an = 0;
-  for (double& a : anchor) {
-    a /= (double)n;
-    an += a * a;
-  }
-  an = std::sqrt(an);
-  out.resize(n);
-  for (size_t j = 0; j < n; j++) {
-    const float* k = keys.data() + (size_t)idx[j] * D;
-    double dot = 0;
-    for (int d = 0; d < D; d++) dot += k[d] * anchor[(size_t)d];
-    out[j] = -dot / std::max(norm[j] * an, 1e-8);  // cosine_similarity's eps
-  }
+  out.resize(idx.size());
+  kvzap::keydiff_scores(keys.data(), D, idx.data(), idx.size(), out.data());
 }
 
 class BlockKeyDiffScorer : public CacheContextScorer, public BudgetSplit {

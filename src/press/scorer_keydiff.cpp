@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "model/model.h"
+#include "press/baseline_math.h"
 #include "press/baselines.h"
 
 namespace kvzap {
@@ -21,28 +22,10 @@ class KeyDiffScorer : public CacheContextScorer {
       std::vector<float> keys;
       stream_keys(cache, l, h, keys);
       const int64_t n = cache.length(l, h);
-      std::vector<double> norm((size_t)n), anchor((size_t)D, 0.0);
-      for (int64_t i = 0; i < n; i++) {
-        const float* k = keys.data() + (size_t)i * D;
-        double s = 0;
-        for (int d = 0; d < D; d++) s += (double)k[d] * k[d];
-        norm[(size_t)i] = std::sqrt(s);
-        const double inv = 1.0 / std::max(norm[(size_t)i], 1e-12);  // F.normalize's eps
-        for (int d = 0; d < D; d++) anchor[(size_t)d] += k[d] * inv;
-      }
-      double an = 0;
-      for (double& a : anchor) {
-        a /= (double)n;
-        an += a * a;
-      }
-      an = std::sqrt(an);
+      std::vector<double> scores((size_t)n);
+      keydiff_scores(keys.data(), D, nullptr, (size_t)n, scores.data());
       std::vector<float>& s = out[(size_t)l][(size_t)h];
-      for (int64_t i = 0; i < n; i++) {
-        const float* k = keys.data() + (size_t)i * D;
-        double dot = 0;
-        for (int d = 0; d < D; d++) dot += k[d] * anchor[(size_t)d];
-        s[(size_t)i] = (float)(-dot / std::max(norm[(size_t)i] * an, 1e-8));  // cosine_similarity's eps
-      }
+      for (int64_t i = 0; i < n; i++) s[(size_t)i] = (float)scores[(size_t)i];
     });
   }
 };

@@ -46,16 +46,8 @@ namespace {
 
 using namespace kvzap;
 
-class EngineTest : public ::testing::Test {
+class EngineTest : public test::DefaultModelTest {
  protected:
-  static void SetUpTestSuite() {
-    const std::string path = test::default_model_path();
-    if (std::filesystem::exists(path)) model_ = Model::load(path);
-  }
-  static void TearDownTestSuite() { model_.reset(); }
-  void SetUp() override {
-    if (!model_) FAIL() << "model not found at " << test::default_model_path() << " (run `kvzap pull`)";
-  }
   static EngineOptions options(int64_t n_batch, int64_t budget = 0, KvType kv_type = KvType::F16) {
     EngineOptions o;
     o.kv_type = kv_type;
@@ -105,9 +97,7 @@ class EngineTest : public ::testing::Test {
   }
   // Batched steps (chunked prefills sharing steps with decodes) give what each sequence gets alone.
   static void batched_equals_alone(KvType type);
-  static std::unique_ptr<Model> model_;
 };
-std::unique_ptr<Model> EngineTest::model_;
 
 struct Trace {
   std::vector<int32_t> tokens;

@@ -32,16 +32,8 @@ using namespace kvzap;
 using test::KeptSet;
 using test::kept_positions;
 
-class PrefillEviction : public ::testing::Test {
+class PrefillEviction : public test::DefaultModelTest {
  protected:
-  static void SetUpTestSuite() {
-    const std::string path = test::default_model_path();
-    if (std::filesystem::exists(path)) model_ = Model::load(path);
-  }
-  static void TearDownTestSuite() { model_.reset(); }
-  void SetUp() override {
-    if (!model_) FAIL() << "model not found at " << test::default_model_path() << " (run `kvzap pull`)";
-  }
   static std::vector<int32_t> prompt(int64_t n) {
     static const std::string text = test::slurp(std::string(KVZAP_SOURCE_DIR) + "/tests/golden/texts/english.txt");
     const std::vector<int32_t> all = model_->tokenizer().encode(text, true);
@@ -101,9 +93,7 @@ class PrefillEviction : public ::testing::Test {
     r.kept = kept_positions(seq->cache());
     return r;
   }
-  static std::unique_ptr<Model> model_;
 };
-std::unique_ptr<Model> PrefillEviction::model_;
 
 std::vector<std::string> per_token_presses() {
   std::vector<std::string> names;

@@ -17,15 +17,11 @@ namespace {
 using namespace kvzap;
 using server::PrefixCache;
 
-class PrefixCacheTest : public ::testing::Test {
+class PrefixCacheTest : public test::DefaultModelTest {
  protected:
-  static void SetUpTestSuite() {
-    const std::string path = test::default_model_path();
-    if (std::filesystem::exists(path)) model_ = Model::load(path);
-  }
-  static void TearDownTestSuite() { model_.reset(); }
   void SetUp() override {
-    if (!model_) GTEST_FAIL() << "model not found at " << test::default_model_path() << " (run `kvzap pull`)";
+    test::DefaultModelTest::SetUp();
+    if (HasFatalFailure()) return;
     EngineOptions o;
     o.n_threads = 1;
     o.n_ctx = 256;
@@ -41,7 +37,6 @@ class PrefixCacheTest : public ::testing::Test {
     engine_->feed(*seq, ids.data(), (int64_t)ids.size());
     return {ids, std::move(seq)};
   }
-  static inline std::unique_ptr<Model> model_;
   std::unique_ptr<Engine> engine_;
 };
 

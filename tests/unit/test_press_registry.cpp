@@ -26,16 +26,8 @@ using test::kept_positions;
 
 int32_t argmax(const float* x, int n) { return (int32_t)(std::max_element(x, x + n) - x); }
 
-class PressRegistry : public ::testing::Test {
+class PressRegistry : public test::DefaultModelTest {
  protected:
-  static void SetUpTestSuite() {
-    const std::string path = test::default_model_path();
-    if (std::filesystem::exists(path)) model_ = Model::load(path);
-  }
-  static void TearDownTestSuite() { model_.reset(); }
-  void SetUp() override {
-    if (!model_) FAIL() << "model not found at " << test::default_model_path() << " (run `kvzap pull`)";
-  }
   static EngineOptions engine_options() {
     EngineOptions eo;
     eo.n_threads = 2;
@@ -71,9 +63,7 @@ class PressRegistry : public ::testing::Test {
     }
     return out;
   }
-  static std::unique_ptr<Model> model_;
 };
-std::unique_ptr<Model> PressRegistry::model_;
 
 // Every registered press with a setting it accepts: ratio presses at 0.5, per-token presses by threshold
 // and pruning while decoding (so the copy's own judgments matter).

@@ -5,10 +5,14 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <memory>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "cache/kv_cache.h"
 #include "kernels/matmul.h"
+#include "model/model.h"
 
 namespace kvzap::test {
 
@@ -86,5 +90,20 @@ inline KeptSet kept_positions(const KvCache& c) {
     }
   return r;
 }
+
+// A suite whose tests share the default pulled model, loaded once per suite: model_. A missing model
+// fails each test (run `kvzap pull`), never skips it.
+class DefaultModelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string path = default_model_path();
+    if (std::filesystem::exists(path)) model_ = Model::load(path);
+  }
+  static void TearDownTestSuite() { model_.reset(); }
+  void SetUp() override {
+    if (!model_) FAIL() << "model not found at " << default_model_path() << " (run `kvzap pull`)";
+  }
+  static inline std::unique_ptr<Model> model_;
+};
 
 }  // namespace kvzap::test
