@@ -49,7 +49,10 @@ for job in "${jobs[@]}"; do
       ( export KVZAP_BIN="$PWD/$B/kvzap"
         cd "$B" && ctest --output-on-failure -j"$NJ" --timeout 1500 \
           -R '^(ThreadPool|PagePool|EngineTest|EngineCli|CacheFile|ServerRequest|ServerAuth|ServerMetrics)\.' \
-          -E 'AloneQ(8|4)_0$' ) || rc=$?  # the quantised-KV twins of the batched test share its threading (CI time)
+          -E 'AloneQ(8|4)_0$|DecodeStepsAllocateNothing' ) || rc=$?
+      # Left out for CI time: the quantised-KV twins of the batched test (they share its threading) and the
+      # allocation-count test (about 6 minutes under TSan; it counts allocations, and its decode threading
+      # is the batched and split-attention tests'). The ASan job runs all three.
       t2=$(stamp)
       prc=0
       if [ "${KVZAP_TSAN_PYTEST:-1}" = 1 ]; then
