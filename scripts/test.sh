@@ -17,7 +17,7 @@ run_check() {
   echo "== $*"
   local log rc=0
   log="$(mktemp)"
-  python3 "$@" 2>&1 | tee "$log" || rc=$?
+  "${CHECK_PYTHON:-python3}" "$@" 2>&1 | tee "$log" || rc=$?
   skipped=$((skipped + $(grep -c '^SKIPPED' "$log" || true)))
   rm -f "$log"
   if [ "$rc" -ne 0 ]; then failed=$((failed + 1)); echo "!! FAILED: $*"; fi
@@ -26,9 +26,25 @@ run_check tests/python/check_golden.py
 # Gemma-3-270M (gemma3 + SentencePiece) against llama.cpp's stored results; SKIPPED unless pulled.
 run_check tests/python/check_gemma3.py
 run_check tests/python/check_tiny_arch.py
-# Hugging Face checkpoints and tokenizer.json against transformers/tokenizers on tiny random models written
-# by the check (SKIPPED without torch + transformers + tokenizers).
-run_check tests/python/check_hf.py
+# Hugging Face checkpoints and tokenizer.json against transformers/tokenizers, and the presses against
+# kvpress, on tiny random models the checks write. KVZAP_PEER_CHECKS=1 (CI sets it) makes the peers' venv
+# (scripts/peer_venv.sh: torch, transformers, tokenizers, kvpress; about 2 minutes cold) and runs both
+# with KVZAP_REQUIRE_PEERS=1, so a missing peer fails instead of passing unchecked; otherwise check_hf
+# runs with this python3 (SKIPPED without torch + transformers + tokenizers) and parity is left to
+# scripts/kvpress_parity.sh.
+if [ "${KVZAP_PEER_CHECKS:-0}" = 1 ]; then
+  echo "== the peers' venv (scripts/peer_venv.sh)"
+  if peer_py="$(bash scripts/peer_venv.sh | tail -1)"; then
+    CHECK_PYTHON="$peer_py" KVZAP_REQUIRE_PEERS=1 run_check tests/python/check_hf.py
+    CHECK_PYTHON="$peer_py" KVZAP_REQUIRE_PEERS=1 run_check tests/python/check_kvpress_parity.py
+  else
+    failed=$((failed + 1)); echo "!! FAILED: the peers' venv (pip could not install torch, transformers, tokenizers, kvpress)"
+  fi
+else
+  run_check tests/python/check_hf.py
+  echo "SKIPPED: kvpress parity (KVZAP_PEER_CHECKS=1 or scripts/kvpress_parity.sh runs it)"
+  skipped=$((skipped + 1))
+fi
 run_check tests/python/check_surrogate_roundtrip.py --run "$BUILD_DIR/kvzap_tests"
 run_check tests/python/check_kvzip_numpy.py
 run_check tests/python/check_passkey.py

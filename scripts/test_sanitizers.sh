@@ -29,7 +29,12 @@ for job in "${jobs[@]}"; do
       t1=$(stamp)
       echo "== ASan+UBSan: ctest ($B)"
       rc=0
+      # The tests that run every press one by one run one press of each kind here (surrogate, per-token,
+      # windowed attention, repeat pass, statistics, AdaKV, per-layer budget, sketch, linear algebra):
+      # their shared policy and cache paths are the same for all, and each press's own unit tests still
+      # run sanitized. KVZAP_ASAN_PRESSES="" runs them all.
       ( export KVZAP_BIN="$PWD/$B/kvzap" \
+          KVZAP_TEST_PRESSES="${KVZAP_ASAN_PRESSES-kvzap-mlp,knorm,random,snapkv,observed_attention,kvzip+,expected_attention,adakv_snapkv,pyramidkv,compactor,cap}" \
           ASAN_OPTIONS="detect_leaks=1:detect_stack_use_after_return=1:strict_string_checks=1:alloc_dealloc_mismatch=0" \
           UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
         cd "$B" && ctest --output-on-failure -j"$NJ" --timeout 1500 ) || rc=$?

@@ -43,6 +43,7 @@ std::string Histogram::render(const std::string& name, const std::string& help) 
 }
 
 std::string Metrics::render() const {
+  std::lock_guard<std::mutex> lock(gauges_mu);
   std::string out;
   const double budget = (double)kv_budget_bytes.load();
   const double resident = (double)kv_bytes_resident.load();

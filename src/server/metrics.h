@@ -1,5 +1,5 @@
 // Prometheus text exposition with vLLM-style names (kvzap:...). The scheduler thread publishes gauges
-// after every step and counts events; HTTP threads only read (atomics) or render (histograms lock).
+// after every step (under gauges_mu) and counts events; HTTP threads render under the same lock.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -42,6 +42,10 @@ struct Metrics {
   // Tokens per forward step (decode tokens + prefill chunks), vLLM's buckets.
   Histogram iteration_tokens{{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384}};
   Histogram inter_token_latency{{0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5}};
+
+  // publish_metrics stores the gauges and render reads them under this lock, so a scrape never mixes
+  // two steps (a freed request's pages with the next step's running count).
+  mutable std::mutex gauges_mu;
 
   std::string render() const;
 };

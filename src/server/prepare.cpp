@@ -8,8 +8,11 @@
 
 namespace kvzap::server {
 
-std::unique_ptr<Press> PressFactory::make(const PressSpec& o, const std::string& key) {
+std::unique_ptr<Press> PressFactory::make(const PressSpec& o, const std::string& key, bool* repeated) {
   std::lock_guard<std::mutex> lock(mu_);
+  const bool seen = seen_.get(key) != nullptr;
+  if (!seen) seen_.put(key, 1);
+  if (repeated) *repeated = seen;
   if (std::unique_ptr<Press>* proto = prototypes_.get(key)) {
     if (auto p = (*proto)->clone()) return p;
   }
@@ -98,7 +101,12 @@ std::unique_ptr<Job> prepare_job(const CompletionRequest& r, const Model& model,
   job->has_press = resolve_press(r.kv_compression, d, job->press_spec);
   if (job->has_press) check_prompt_fits_press(job->press_spec, n, n_ctx);
   const std::string settings = press_settings_key(job->has_press, job->press_spec);
-  if (job->has_press) job->first_press = presses.make(job->press_spec, settings);
+  bool repeated = false;
+  if (job->has_press) job->first_press = presses.make(job->press_spec, settings, &repeated);
+  // A request's own press settings earn prefix-cache space once they repeat: one-off settings (a client
+  // trying a thousand thresholds) would fill the cache with entries no later request can use. The
+  // server's own press, and no press, always may.
+  job->store_prefix = !r.kv_compression || repeated;
   job->press_label = press_label(job->has_press, job->press_spec);
   job->press_key = settings + "|tenant=" + std::to_string(tenant);
   job->channel = std::make_shared<RequestChannel>();

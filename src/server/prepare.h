@@ -32,9 +32,11 @@ class PressFactory {
  public:
   static constexpr size_t kDefaultPrototypes = 32;
   explicit PressFactory(const Model& model, size_t max_prototypes = kDefaultPrototypes)
-      : model_(model), prototypes_(max_prototypes) {}
-  // Throws ApiError 400 with make_press's message for unknown presses or bad settings.
-  std::unique_ptr<Press> make(const PressSpec& o, const std::string& key);
+      : model_(model), prototypes_(max_prototypes), seen_(kRememberedKeys) {}
+  static constexpr size_t kRememberedKeys = 256;
+  // Throws ApiError 400 with make_press's message for unknown presses or bad settings. `repeated` (when
+  // given) says whether `key` was among the last kRememberedKeys distinct settings asked for.
+  std::unique_ptr<Press> make(const PressSpec& o, const std::string& key, bool* repeated = nullptr);
   size_t n_prototypes() {
     std::lock_guard<std::mutex> lock(mu_);
     return prototypes_.size();
@@ -44,6 +46,7 @@ class PressFactory {
   const Model& model_;
   std::mutex mu_;
   LruCache<std::string, std::unique_ptr<Press>> prototypes_;
+  LruCache<std::string, char> seen_;  // settings keys recently asked for (the prefix cache's doorkeeper)
 };
 
 // The effective press for a request: none, the server default, or the request's kv_compression on top.

@@ -438,6 +438,7 @@ void Scheduler::publish_metrics() {
   const PagePool& pool = engine_.pages();
   int64_t full = 0;
   for (const auto& a : running_) full += a->seq->cache().bytes_full();
+  std::lock_guard<std::mutex> lock(metrics_.gauges_mu);
   metrics_.kv_bytes_resident = pool.bytes_in_use();
   metrics_.kv_bytes_full = full;
   metrics_.kv_evicted_entries_total = pool.entries_evicted_total();

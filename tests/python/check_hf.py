@@ -47,6 +47,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peer_tokenize as pt  # noqa: E402
+from check_report import kvzap_bin, peers_missing, report, skip, summary  # noqa: E402,F401
 
 LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
              r"\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -61,23 +62,8 @@ TEXT = (
     "def f(x):\n    return x * 2  # double\n"
 )
 
-results = {"passed": 0, "failed": 0, "skipped": 0}
 VERBOSE = "-v" in sys.argv[1:]
 GGUF_ONLY = "--gguf-only" in sys.argv[1:]  # only the checkpoints converted to GGUF
-
-
-def report(ok, line):
-    results["passed" if ok else "failed"] += 1
-    print(("ok   " if ok else "FAIL ") + line, flush=True)
-
-
-def skip(line):
-    results["skipped"] += 1
-    print("SKIPPED: " + line, flush=True)
-
-
-def kvzap_bin():
-    return os.environ.get("KVZAP_BIN", os.path.join(ROOT, "build", "kvzap"))
 
 
 def run(args, **kw):
@@ -434,9 +420,8 @@ def main():
         import torch
         import transformers  # noqa: F401
     except ImportError as e:
-        skip("Hugging Face checks: %s (pip install torch transformers tokenizers)" % e)
-        print("%d passed, %d failed, %d skipped" % (results["passed"], results["failed"], results["skipped"]))
-        return 0
+        peers_missing("Hugging Face checks: %s (pip install torch transformers tokenizers)" % e)
+        return summary()
     if not os.path.isfile(kvzap_bin()):
         print("kvzap binary not found: %s (set KVZAP_BIN)" % kvzap_bin())
         return 1
@@ -549,8 +534,7 @@ def main():
                 check_model("qwen2 rope_scaling linear", d2, m2, text_path, tmp, [("RoPE scaling ignored", unscaled2)])
         if kv_f32:
             check_gguf_conversions(tmp, toks, ids_of, text_path)
-    print("%d passed, %d failed, %d skipped" % (results["passed"], results["failed"], results["skipped"]))
-    return 1 if results["failed"] else 0
+    return summary()
 
 
 if __name__ == "__main__":

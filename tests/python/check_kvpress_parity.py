@@ -43,8 +43,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from check_report import kvzap_bin, peers_missing, report, skip, summary  # noqa: E402,F401
 
-results = {"passed": 0, "failed": 0, "skipped": 0}
 ARGS = sys.argv[1:]
 VERBOSE = "-v" in ARGS
 ONLY = [ARGS[i + 1] for i, a in enumerate(ARGS) if a == "--press" and i + 1 < len(ARGS)]
@@ -53,23 +53,8 @@ RATIO = 0.5
 N_ANSWER = 6
 
 
-def report(ok, line):
-    results["passed" if ok else "failed"] += 1
-    print(("ok   " if ok else "FAIL ") + line, flush=True)
-
-
-def skip(line):
-    results["skipped"] += 1
-    print("SKIPPED: " + line, flush=True)
-
-
 def finish():
-    print("%d passed, %d failed, %d skipped" % (results["passed"], results["failed"], results["skipped"]))
-    sys.exit(1 if results["failed"] else 0)
-
-
-def kvzap_bin():
-    return os.environ.get("KVZAP_BIN", os.path.join(ROOT, "build", "kvzap"))
+    sys.exit(summary())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,10 +370,10 @@ def main():
         import kvpress  # noqa: F401
         import tokenizers  # noqa: F401
     except Exception as e:  # ImportError, or a kvpress that refuses this transformers
-        skip("kvpress parity: torch, transformers, tokenizers and kvpress are needed (%s)" % e)
+        peers_missing("kvpress parity: torch, transformers, tokenizers and kvpress are needed (%s)" % e)
         finish()
     if not os.path.exists(kvzap_bin()):
-        skip("kvpress parity: no kvzap binary at %s (set KVZAP_BIN)" % kvzap_bin())
+        report(False, "kvpress parity: no kvzap binary at %s (set KVZAP_BIN)" % kvzap_bin())
         finish()
     import logging
     import torch

@@ -76,25 +76,34 @@ def status_of(data):
 
 
 # 1. Press prototypes were cached per settings string forever, each with its own copy of the surrogate.
-def test_distinct_press_settings_keep_memory_bounded(server):
-    def once(i):
-        body = {"prompt": [1, 2, 3, 4], "max_tokens": 1,
-                "kv_compression": {"press": "kvzap-mlp", "threshold": -4 - i / 1000.0}}
-        r = httpx.post(server.url + "/v1/completions", json=body, headers=AUTH, timeout=60)
-        assert r.status_code == 200, r.text
+def test_distinct_press_settings_keep_memory_bounded():
+    # The default prefix cache (a quarter of the KV budget): settings a request brings enter it only once
+    # they repeat, so a thousand one-off thresholds leave it empty instead of filling it.
+    server = Server("-c", "512", api_key=KEY)
+    try:
+        def once(i):
+            body = {"prompt": [1, 2, 3, 4], "max_tokens": 1,
+                    "kv_compression": {"press": "kvzap-mlp", "threshold": -4 - i / 1000.0}}
+            r = httpx.post(server.url + "/v1/completions", json=body, headers=AUTH, timeout=60)
+            assert r.status_code == 200, r.text
 
-    once(0)
-    first = rss_bytes(server.proc.pid)
-    n = 300
-    t0 = time.time()
-    for i in range(1, n + 1):
-        once(i)
-        if i % 100 == 0:
-            assert health_s(server) < 1.0
-    grown = rss_bytes(server.proc.pid) - first
-    print(f"\n{n} distinct kvzap-mlp settings in {time.time() - t0:.1f} s: RSS {first / MIB:.1f} MiB -> "
-          f"{(first + grown) / MIB:.1f} MiB")
-    assert grown < 50 * MIB, f"RSS grew by {grown / MIB:.1f} MiB"
+        once(0)
+        first = rss_bytes(server.proc.pid)
+        n = 300
+        t0 = time.time()
+        for i in range(1, n + 1):
+            once(i)
+            if i % 100 == 0:
+                assert health_s(server) < 1.0
+        grown = rss_bytes(server.proc.pid) - first
+        print(f"\n{n} distinct kvzap-mlp settings in {time.time() - t0:.1f} s: RSS {first / MIB:.1f} MiB -> "
+              f"{(first + grown) / MIB:.1f} MiB")
+        assert grown < 50 * MIB, f"RSS grew by {grown / MIB:.1f} MiB"
+        assert server.metrics()["kvzap:prefix_cache_bytes"] == 0
+        once(n)  # a repeated setting is cached
+        assert server.metrics()["kvzap:prefix_cache_bytes"] > 0
+    finally:
+        assert server.stop() == 0
 
 
 # 2. Authentication and the size limit come from the headers, before the body is read.

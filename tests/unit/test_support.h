@@ -1,5 +1,6 @@
 // Shared helpers for tests: where the default model and the kvzap binary are, and running the CLI.
 #pragma once
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include "cache/kv_cache.h"
 #include "kernels/matmul.h"
 #include "model/model.h"
+#include "press/press.h"
 
 namespace kvzap::test {
 
@@ -105,5 +107,42 @@ class DefaultModelTest : public ::testing::Test {
   }
   static inline std::unique_ptr<Model> model_;
 };
+
+inline bool every_press_under_test() {
+  const char* env = std::getenv("KVZAP_TEST_PRESSES");
+  return !env || !*env;
+}
+
+// The registry's presses a test runs one by one: all of them, or the subset named by KVZAP_TEST_PRESSES
+// ("a,b,c"; scripts/test_sanitizers.sh names one press of each kind, since a sanitized build runs every
+// press several times slower). A name the registry lacks fails the test; the subset is printed.
+inline std::vector<const ScorerEntry*> presses_under_test() {
+  std::vector<const ScorerEntry*> out;
+  if (every_press_under_test()) {
+    for (const ScorerEntry& e : scorer_registry()) out.push_back(&e);
+    return out;
+  }
+  const char* env = std::getenv("KVZAP_TEST_PRESSES");
+  std::stringstream names(env);
+  std::string name;
+  while (std::getline(names, name, ',')) {
+    if (name.empty()) continue;
+    const ScorerEntry* found = nullptr;
+    for (const ScorerEntry& e : scorer_registry())
+      if (e.name == name) found = &e;
+    if (!found) ADD_FAILURE() << "KVZAP_TEST_PRESSES names '" << name << "', which the registry lacks";
+    else out.push_back(found);
+  }
+  std::printf("[presses] KVZAP_TEST_PRESSES: %zu of the registry's %zu presses (%s)\n", out.size(),
+              scorer_registry().size(), env);
+  return out;
+}
+
+// Whether a test that names its presses runs `name`: always without KVZAP_TEST_PRESSES, else when listed.
+inline bool press_selected(const std::string& name) {
+  if (every_press_under_test()) return true;
+  const char* env = std::getenv("KVZAP_TEST_PRESSES");
+  return ("," + std::string(env) + ",").find("," + name + ",") != std::string::npos;
+}
 
 }  // namespace kvzap::test
