@@ -223,6 +223,22 @@ kvzap_status kvzap_sequence_kv_stats(const kvzap_sequence* seq, kvzap_kv_stats* 
  * least n_layer * n_head_kv * n_past bytes. */
 kvzap_status kvzap_sequence_kept_mask(const kvzap_sequence* seq, uint8_t* mask, size_t len);
 
+/* The scores the press gave, by position, for research. kvzap_sequence_keep_scores(seq, 1) before
+ * kvzap_sequence_prefill makes the presses of later prefills keep them (n_layer x n_head_kv x positions
+ * floats; off by default). kvzap_sequence_press_scores then describes them: scores[(layer * n_head_kv +
+ * head) * row_stride + pos] for pos < n_pos; NaN where a position was not scored (a layer the press
+ * leaves alone; a ratio press scores what its context kept when it judges it), +inf where a context
+ * scorer always keeps it (sliding-window layers). A threshold press's scores are compared with its
+ * threshold; a ratio press's are ranked. The pointer belongs to the sequence and is valid until it is
+ * fed, decoded, prefilled, loaded or destroyed. KVZAP_BAD_ARGUMENT without a press or with scores not kept. */
+typedef struct kvzap_score_view {
+  const float* scores;
+  int32_t n_layer, n_head_kv;
+  int64_t n_pos, row_stride;
+} kvzap_score_view;
+kvzap_status kvzap_sequence_keep_scores(kvzap_sequence* seq, int on);
+kvzap_status kvzap_sequence_press_scores(const kvzap_sequence* seq, kvzap_score_view* view_out);
+
 /* Compressed caches on disk (the format of `kvzap generate --save-cache` and the server's /slots/save):
  * the kept entries, the context's tokens, the logits and the press it was compressed under. Loading
  * replaces the sequence's content (same model and KV type). */

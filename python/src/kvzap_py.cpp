@@ -475,6 +475,21 @@ NB_MODULE(_kvzap, m) {
       .def("rewind", &Sequence::rewind, "pos"_a)
       .def("kv_stats", &Sequence::kv_stats)
       .def("kept_mask", &Sequence::kept_mask)
+      .def("keep_scores",
+           [](Sequence& s, bool on) { check(locked(*s.mu, [&] { return kvzap_sequence_keep_scores(s.h, on ? 1 : 0); })); },
+           "on"_a = true)
+      .def("press_scores",
+           [](nb::handle self) {
+             const Sequence& s = nb::cast<const Sequence&>(self);
+             kvzap_score_view v{};
+             check(locked(*s.mu, [&] { return kvzap_sequence_press_scores(s.h, &v); }));
+             // A read-only view of the press's score log (no copy), rows row_stride apart; valid until the
+             // sequence changes, and the array keeps the sequence alive.
+             static const float kNone = 0.0f;
+             const size_t shape[3] = {(size_t)v.n_layer, (size_t)v.n_head_kv, (size_t)v.n_pos};
+             const int64_t strides[3] = {v.n_head_kv * v.row_stride, v.row_stride, 1};
+             return nb::ndarray<nb::numpy, const float, nb::ndim<3>>(v.scores ? v.scores : &kNone, 3, shape, self, strides);
+           })
       .def("save", &Sequence::save, "path"_a)
       .def("load", &Sequence::load, "path"_a);
 }

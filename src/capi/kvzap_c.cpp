@@ -53,6 +53,7 @@ struct kvzap_sequence {
   std::vector<int32_t> tokens;      // every token fed since the last prefill / load (the saved context)
   std::string press_key = "none";
   std::string ev_text, ev_reason;   // the last decode step's strings
+  bool keep_scores = false;         // presses of later prefills keep their scores (kvzap_sequence_keep_scores)
 };
 
 struct kvzap_recording {
@@ -571,6 +572,33 @@ kvzap_status kvzap_sequence_kept_mask(const kvzap_sequence* seq, uint8_t* mask, 
   });
 }
 
+kvzap_status kvzap_sequence_keep_scores(kvzap_sequence* seq, int on) {
+  return guarded_args([&] {
+    need(seq, "seq");
+    seq->keep_scores = on != 0;
+  });
+}
+
+kvzap_status kvzap_sequence_press_scores(const kvzap_sequence* seq, kvzap_score_view* view_out) {
+  return guarded_args([&] {
+    need(seq, "seq");
+    need(view_out, "view_out");
+    *view_out = kvzap_score_view{};
+    const Press* p = seq->seq->press();
+    if (!p) throw BadArgument("the sequence has no press (prefill it under one)");
+    const ScoreLog* log = p->score_log();
+    if (!log)
+      throw BadArgument("the sequence's press did not keep its scores: call kvzap_sequence_keep_scores(seq, 1) before "
+                        "kvzap_sequence_prefill");
+    const KvCache& c = seq->seq->cache();
+    view_out->n_layer = c.n_layer();
+    view_out->n_head_kv = c.n_head_kv();
+    view_out->n_pos = std::min<int64_t>(log->n_pos(), c.n_past());
+    view_out->row_stride = log->capacity();
+    view_out->scores = log->n_pos() > 0 ? log->data() : nullptr;
+  });
+}
+
 kvzap_status kvzap_record_context(kvzap_engine* engine, const int32_t* ids, size_t n, kvzap_recording** out) {
   return guarded_args([&] {
     need(engine, "engine");
@@ -795,7 +823,9 @@ kvzap_status kvzap_sequence_prefill(kvzap_sequence* seq, const int32_t* ids, siz
       throw Error("context of " + std::to_string(n) + " tokens does not fit the context size of " + std::to_string(e.n_ctx()) + " tokens");
     s.reset();
     seq->tokens.clear();
-    s.set_press(press ? press->proto->clone() : nullptr);
+    std::unique_ptr<Press> run = press ? press->proto->clone() : nullptr;
+    if (run) run->keep_scores(seq->keep_scores);
+    s.set_press(std::move(run));
     s.begin_context();
     if (!v.empty()) e.feed(s, v.data(), (int64_t)v.size(), LogitsMode::Last);
     s.end_context(v, question ? question : "");

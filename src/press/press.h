@@ -70,6 +70,31 @@ class Scorer {
 // holds only its window; the ratio policy leaves it alone and shows the scorer none of its steps.
 inline bool judged_layer(const KvCache& cache, int layer) { return cache.layer_window(layer) == 0; }
 
+// The scores a press gave, by position, for research access (the C API's kvzap_sequence_press_scores,
+// Python's Sequence.press_scores): values [n_layer][n_head_kv][capacity], NaN where a position was
+// never scored (layers a press leaves alone, positions not reached; a ratio press scores the entries
+// its context kept when it judges it, so an earlier eviction leaves NaN), +inf where a context scorer
+// marks an entry as always kept (sliding-window layers). Kept
+// only when asked (Press::keep_scores): it holds n_layer x n_head_kv x positions floats.
+class ScoreLog {
+ public:
+  // Forgets every score (a new context starts at position 0).
+  void clear();
+  void put(int layer, int head, int32_t pos, float score);
+  int n_layer() const { return n_layer_; }
+  int n_head_kv() const { return n_head_kv_; }
+  int64_t n_pos() const { return n_pos_; }        // 1 + the highest position scored (0 = none)
+  int64_t capacity() const { return capacity_; }  // the row stride of data()
+  const float* data() const { return values_.data(); }
+  void set_shape(int n_layer, int n_head_kv);
+
+ private:
+  void grow(int64_t min_capacity);
+  int n_layer_ = 0, n_head_kv_ = 0;
+  int64_t n_pos_ = 0, capacity_ = 0;
+  std::vector<float> values_;  // [n_layer][n_head_kv][capacity_]
+};
+
 // A press watches the forward pass (LayerObserver) and frees cache entries.
 class Press : public LayerObserver {
  public:
@@ -89,6 +114,23 @@ class Press : public LayerObserver {
   // read-only weights). Never null: a press that cannot be copied at this point throws kvzap::Error, so a
   // fork never silently runs without its press.
   virtual std::unique_ptr<Press> clone() const = 0;
+
+  // Keep every score this press gives from now on (score_log); off by default. Copies (clone) keep
+  // the setting and the scores so far.
+  void keep_scores(bool on) { keep_scores_ = on; }
+  // The scores given so far, or null when they are not kept.
+  const ScoreLog* score_log() const { return keep_scores_ ? &score_log_ : nullptr; }
+
+ protected:
+  // Where the policy writes the scores it judges with: null unless kept (shaped to the cache).
+  ScoreLog* scores_to_keep(const KvCache& cache) {
+    if (!keep_scores_) return nullptr;
+    score_log_.set_shape(cache.n_layer(), cache.n_head_kv());
+    return &score_log_;
+  }
+  void copy_score_log(const Press& from) { keep_scores_ = from.keep_scores_, score_log_ = from.score_log_; }
+  bool keep_scores_ = false;
+  ScoreLog score_log_;
 };
 
 std::unique_ptr<Press> make_press(const PressSpec& opt, const Model& model);

@@ -220,6 +220,7 @@ void RatioPress::begin_context(ContextRunner& runner) {
 
 void RatioPress::start_context() {
   recorded_.clear();  // also forgets the scores of an earlier sequence
+  score_log_.clear();
   scorer_->reset();
   in_context_ = true;
 }
@@ -275,6 +276,13 @@ int64_t RatioPress::finish_context(KvCache& cache, ContextView* ctx) {
         if (cache.layer_window(l) > 0 && (int64_t)s.size() > len) s.erase(s.begin(), s.end() - len);
       }
   }
+  if (ScoreLog* log = scores_to_keep(cache)) {
+    check_score_shape(cache, scores);
+    for (int l = 0; l < cache.n_layer(); l++)
+      for (int h = 0; h < cache.n_head_kv(); h++)
+        for (int64_t i = 0; i < cache.length(l, h); i++)
+          log->put(l, h, cache.position_at(l, h, i), scores[(size_t)l][(size_t)h][(size_t)i]);
+  }
   if (auto* split = dynamic_cast<BudgetSplit*>(scorer_.get())) {
     check_score_shape(cache, scores);
     if (!(ratio_ > 0)) return 0;
@@ -295,7 +303,9 @@ std::unique_ptr<Press> RatioPress::clone() const {
     throw Error("press '" + scorer_name_ + "' cannot be copied while it scores a context: fork the sequence before "
                 "or after the context");
   if (!remake_) throw Error("internal: press '" + scorer_name_ + "' was built without a scorer factory and cannot be copied");
-  return std::make_unique<RatioPress>(remake_(), spec_, remake_);
+  auto copy = std::make_unique<RatioPress>(remake_(), spec_, remake_);
+  copy->copy_score_log(*this);
+  return copy;
 }
 
 std::unique_ptr<Press> make_ratio_press(const ScorerFactory& make_scorer, const PressSpec& opt) {

@@ -57,6 +57,7 @@ std::string ThresholdPress::name() const {
 
 void ThresholdPress::start_context() {
   for (Window& w : windows_) w.clear();
+  score_log_.clear();
   scorer_->reset();
   in_context_ = true;
 }
@@ -81,6 +82,9 @@ void ThresholdPress::after_attention(const LayerStep& step, KvCache& cache) {
   const int64_t n = step.n_tok;
   if (step_scores_.size() < (size_t)(H * n)) step_scores_.resize((size_t)(H * n));
   scorer_->score_step(step, cache, step_scores_.data());  // [H][n]
+  if (ScoreLog* log = scores_to_keep(cache))
+    for (int h = 0; h < H; h++)
+      for (int64_t t = 0; t < n; t++) log->put(step.layer, h, step.pos[t], step_scores_[(size_t)h * n + t]);
   win.pos.insert(win.pos.end(), step.pos, step.pos + n);
   for (int h = 0; h < H; h++) {
     const float* s = step_scores_.data() + (size_t)h * n;

@@ -128,6 +128,40 @@ int main(int argc, char** argv) {
   REQUIRE(kvzap_sequence_logits(seq, &logits, &n_vocab) == KVZAP_OK);
   CHECK(logits != NULL && n_vocab > 0 && isfinite(logits[0]));
 
+  /* The press's scores by position: none unless kept; kept, every context position of every stream is
+   * scored and no evicted entry outscored a kept one of its stream. */
+  kvzap_score_view sv;
+  CHECK(kvzap_sequence_press_scores(seq, &sv) == KVZAP_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(kvzap_last_error(), "kvzap_sequence_keep_scores") != NULL);
+  kvzap_sequence* scored = NULL;
+  REQUIRE(kvzap_sequence_create(engine, &scored) == KVZAP_OK);
+  REQUIRE(kvzap_sequence_keep_scores(scored, 1) == KVZAP_OK);
+  REQUIRE(kvzap_sequence_prefill(scored, ids, n_ids, press, NULL) == KVZAP_OK);
+  REQUIRE(kvzap_sequence_press_scores(scored, &sv) == KVZAP_OK);
+  CHECK(sv.scores != NULL && sv.n_layer == st.n_layer && sv.n_head_kv == st.n_head_kv);
+  CHECK(sv.n_pos == (int64_t)n_ids && sv.row_stride >= sv.n_pos);
+  const size_t mask_len = (size_t)st.n_layer * (size_t)st.n_head_kv * n_ids;
+  uint8_t* mask = malloc(mask_len);
+  REQUIRE(mask != NULL && kvzap_sequence_kept_mask(scored, mask, mask_len) == KVZAP_OK);
+  int all_finite = 1, ordered = 1, n_evicted = 0;
+  for (int64_t r = 0; r < (int64_t)st.n_layer * st.n_head_kv; r++) {
+    float min_kept = INFINITY, max_evicted = -INFINITY;
+    for (size_t pos = 0; pos < n_ids; pos++) {
+      const float v = sv.scores[r * sv.row_stride + (int64_t)pos];
+      if (!isfinite(v)) all_finite = 0;
+      if (mask[(size_t)r * n_ids + pos]) {
+        min_kept = fminf(min_kept, v);
+      } else {
+        max_evicted = fmaxf(max_evicted, v);
+        n_evicted++;
+      }
+    }
+    if (max_evicted > min_kept) ordered = 0;
+  }
+  CHECK(all_finite && ordered && n_evicted > 0);
+  free(mask);
+  kvzap_sequence_free(scored);
+
   /* A fork decodes greedily to the same tokens as its parent. */
   kvzap_sequence* fork = NULL;
   REQUIRE(kvzap_sequence_fork(seq, &fork) == KVZAP_OK);

@@ -134,3 +134,46 @@ def test_kvzap_scores_explain_the_kept_set(smol):
     assert np.array_equal(mask, expect)
     with pytest.raises(kvzap.Error, match="kvzap-linear or kvzap-mlp"):
         smol.kvzap_scores(rec, kvzap.KnormPress(compression_ratio=0.5), 0)
+
+
+@pytest.mark.parametrize("press", [kvzap.SnapKVPress(compression_ratio=0.5),
+                                   kvzap.KVzipPress(compression_ratio=0.5),
+                                   kvzap.AdaKVPress(kvzap.ExpectedAttentionPress(compression_ratio=0.5))],
+                         ids=lambda p: type(p).__name__)
+def test_press_scores_of_a_ratio_press_explain_the_kept_set(smol, press):
+    # Any press's scores, by position (a read-only view of the engine's log): within every stream no
+    # evicted entry outscored a kept one (AdaKV pools a layer's heads, each head keeping its best).
+    ids = smol.tokenize(CONTEXT, add_bos=True)
+    seq = smol.new_sequence()
+    with pytest.raises(kvzap.Error, match="no press"):
+        seq.press_scores()
+    seq.prefill(ids, smol.press(press))
+    with pytest.raises(kvzap.Error, match="keep_scores"):
+        seq.press_scores()
+    seq.keep_scores(True)
+    seq.prefill(ids, smol.press(press))
+    scores, mask = seq.press_scores(), seq.kept_mask()
+    assert scores.dtype == np.float32 and scores.shape == mask.shape == (smol.info["n_layer"], smol.info["n_head_kv"], len(ids))
+    assert not scores.flags.writeable and not scores.flags.owndata
+    assert np.shares_memory(scores, seq.press_scores())  # the engine's buffer, no copy
+    assert not np.isnan(scores).any() and 0.3 < 1 - mask.mean() < 0.7
+    for s, k in zip(scores.reshape(-1, len(ids)), mask.reshape(-1, len(ids))):
+        if (~k).any():
+            assert s[~k].max() <= s[k].min()
+
+
+def test_press_scores_of_a_threshold_press_while_decoding(smol):
+    # A decoding threshold press scores every token it sees, question and answer included; the entries
+    # that left its window were evicted exactly when their score was under the threshold.
+    ids = smol.tokenize(CONTEXT, add_bos=True)
+    seq = smol.new_sequence()
+    seq.keep_scores()
+    seq.prefill(ids, smol.press(kvzap.KVzapPress(model_type="mlp", threshold=-4, window=16, decoding=True)))
+    seq.feed(smol.tokenize(" And then?"))
+    scores, mask = seq.press_scores(), seq.kept_mask()
+    n = seq.kv_stats()["n_past"]
+    assert scores.shape == mask.shape and scores.shape[2] == n > len(ids)
+    judged = np.arange(n) < n - 16
+    assert not np.isnan(scores).any()
+    assert np.array_equal(mask[:, :, judged], scores[:, :, judged] >= -4)
+    assert mask[:, :, ~judged].all()
