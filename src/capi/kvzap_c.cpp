@@ -363,7 +363,8 @@ kvzap_status kvzap_presses(char** json_out) {
     for (const ScorerEntry& e : scorer_registry())
       arr.push_back({{"name", e.name}, {"description", e.description}, {"supports_threshold", e.supports_threshold},
                      {"kvpress_ratio_scope", e.traits.kvpress_ratio_scope},
-                     {"python_class", python_class(e.name)}, {"kvpress_class", is_kvpress_class(e.name)}});
+                     {"python_class", python_class(e.name)}, {"kvpress_class", is_kvpress_class(e.name)},
+                     {"params", press_params_json(e.traits)}});
     out_json(json_out, arr);
   });
 }

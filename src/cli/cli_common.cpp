@@ -1,5 +1,6 @@
 #include "cli/cli_common.h"
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -64,12 +65,15 @@ void PressArgs::add_to(CLI::App& sub, bool with_surrogate) {
                "also prune sliding-window layers (by default presses prune only global-attention layers)");
   if (with_surrogate) sub.add_option("--surrogate", flags.surrogate_dir, "KVzap surrogate folder (kvpress format)");
   sub.add_option("--press-seed", flags.seed, "seed of the random press");
+  sub.add_option("--press-param", params,
+                 "a parameter of the press under kvpress's name, NAME=VALUE (repeatable; `kvzap presses` lists each "
+                 "press's, e.g. snapkv window_size=32)");
 }
 
 std::unique_ptr<Press> PressArgs::make(const Model& model) const {
   if (flags.name.empty()) {
-    if (given_threshold() || given_ratio() || flags.decoding || !flags.surrogate_dir.empty())
-      throw Error("--threshold/--ratio/--decode-press/--surrogate need --press NAME");
+    if (given_threshold() || given_ratio() || flags.decoding || !flags.surrogate_dir.empty() || !params.empty())
+      throw Error("--threshold/--ratio/--decode-press/--surrogate/--press-param need --press NAME");
     return nullptr;
   }
   return make_press(spec(), model);
@@ -79,7 +83,17 @@ PressSpec PressArgs::spec() const {
   PressSpec o = flags;
   o.has_threshold = given_threshold();
   o.has_ratio = given_ratio();
-  return o;
+  if (params.empty()) return o;
+  PressSpecPatch patch;
+  for (const std::string& a : params) {
+    const size_t eq = a.find('=');
+    char* end = nullptr;
+    const double v = eq == std::string::npos ? 0 : std::strtod(a.c_str() + eq + 1, &end);
+    if (eq == std::string::npos || eq == 0 || end == a.c_str() + eq + 1 || *end != '\0')
+      throw Error("--press-param takes NAME=VALUE with a number, got '" + a + "'");
+    patch.params[a.substr(0, eq)] = {v, "--press-param " + a.substr(0, eq)};
+  }
+  return press_spec_apply(o, patch);  // checks each against the press's declared parameters
 }
 
 std::string read_text_file(const std::string& path) {

@@ -33,6 +33,7 @@ struct PressArgs {
   PressSpec flags;
   CLI::Option* threshold_opt = nullptr;
   CLI::Option* ratio_opt = nullptr;
+  std::vector<std::string> params;  // --press-param NAME=VALUE (the press's own parameters)
 
   // with_surrogate: also --surrogate (bench uses that name for its own option).
   void add_to(CLI::App& sub, bool with_surrogate = true);

@@ -13,6 +13,16 @@ namespace {
 
 std::string policies(const ScorerEntry& e) { return e.supports_threshold ? "threshold, ratio" : "ratio"; }
 
+std::string params_text(const PressTraits& t) {
+  std::string s;
+  char buf[64];
+  for (const PressParam& p : t.params) {
+    std::snprintf(buf, sizeof buf, "%g", p.default_value);
+    s += (s.empty() ? "" : ", ") + p.name + "=" + buf;
+  }
+  return s;
+}
+
 int run_presses(bool json) {
   std::vector<const ScorerEntry*> entries;
   for (const ScorerEntry& e : scorer_registry()) entries.push_back(&e);
@@ -24,7 +34,8 @@ int run_presses(bool json) {
       if (e->supports_threshold) pol.push_back("threshold");
       pol.push_back("ratio");
       out.push_back({{"name", e->name}, {"description", e->description}, {"policies", pol},
-                     {"kvpress_parity", e->traits.kvpress_parity.empty() ? "not compared" : e->traits.kvpress_parity}});
+                     {"kvpress_parity", e->traits.kvpress_parity.empty() ? "not compared" : e->traits.kvpress_parity},
+                     {"params", press_params_json(e->traits)}});
     }
     std::printf("%s\n", json_dump(out, 2).c_str());
     return 0;
@@ -36,6 +47,8 @@ int run_presses(bool json) {
     std::printf("%-*s  %-16s  %s\n", (int)w, e->name.c_str(), policies(*e).c_str(), e->description.c_str());
     std::printf("%-*s  %-16s  kvpress parity: %s\n", (int)w, "", "",
                 e->traits.kvpress_parity.empty() ? "not compared" : e->traits.kvpress_parity.c_str());
+    if (!e->traits.params.empty())
+      std::printf("%-*s  %-16s  parameters (--press-param): %s\n", (int)w, "", "", params_text(e->traits).c_str());
   }
   std::printf("\nadakv_<press>: any press under AdaKV's budget (kvpress AdaKVPress); parity in docs/PARITY.md\n");
   return 0;

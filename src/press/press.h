@@ -135,12 +135,23 @@ class Press : public LayerObserver {
 
 std::unique_ptr<Press> make_press(const PressSpec& opt, const Model& model);
 
+// A parameter a press takes (kvpress's argument name), its default and range.
+struct PressParam {
+  std::string name;
+  double default_value;
+  double min, max;
+  bool integer;
+  std::string help;
+};
+
 // What the registry knows of a press besides its factory: capabilities and defaults, so that no code
 // elsewhere asks for a press by its name.
 struct PressTraits {
   bool threshold_by_default = false;         // a sweep runs it by threshold (KVzap); others by ratio
   std::string kvpress_ratio_scope = "head";  // how kvpress splits its ratio budget (KVzip: global)
   int64_t min_context_tokens = 0;            // the context must be longer (SnapKV votes with 64 queries)
+  std::string min_context_param;             // ... or longer than this parameter's value, when it declares one
+  std::vector<PressParam> params;            // the press's own parameters (PressSpec::params)
   bool repeats_context = false;              // scoring runs the context again: needs ~2x it in n_ctx (KVzip)
   // The threshold of a spec that gives neither a threshold nor a ratio (KVzap: calibrated beside its
   // surrogate); empty or nullopt = none, the spec is refused.
@@ -164,6 +175,11 @@ std::vector<ScorerEntry>& scorer_registry();
 const ScorerEntry* find_press_entry(const std::string& name);
 // find_press_entry(name)'s traits, or the defaults for an unknown name (make_press refuses it).
 const PressTraits& press_traits(const std::string& name);
+// The value of a parameter the press declares: the spec's, else the registry's default. Throws
+// kvzap::Error (internal) for an undeclared name.
+double press_param(const PressSpec& spec, const std::string& name);
+// The context a press needs, in tokens (it must be longer): min_context_tokens or its parameter's value.
+int64_t press_min_context(const PressSpec& spec);
 struct RegisterScorer {
   explicit RegisterScorer(ScorerEntry e) { scorer_registry().push_back(std::move(e)); }
 };

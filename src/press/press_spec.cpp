@@ -8,6 +8,7 @@
 
 #include "common/json_fields.h"
 #include "kvzap/error.h"
+#include "press/press.h"
 
 namespace kvzap {
 namespace {
@@ -19,6 +20,16 @@ int64_t integer_in(const json& v, const std::string& field, int64_t lo, int64_t 
 bool boolean(const json& v, const std::string& field) { return json_fields::get_bool(v, field); }
 std::string text(const json& v, const std::string& field) { return json_fields::get_string(v, field); }
 using json_fields::wrong_type;
+
+constexpr const char* kSpecFields =
+    "press, threshold, ratio, ratio_scope, window, sink_tokens, prefill_evict_every, decoding, sliding_layers, seed";
+
+// The parameters `press` declares, for error messages ("none" when it takes none).
+std::string declared_params(const PressTraits& t) {
+  std::string s;
+  for (const PressParam& p : t.params) s += (s.empty() ? "" : ", ") + p.name;
+  return s.empty() ? "none" : s;
+}
 
 }  // namespace
 
@@ -53,12 +64,24 @@ PressSpecPatch parse_press_spec_patch(const json& v, const std::string& where, b
       s.seed = (uint64_t)integer_in(val, f, 0, std::numeric_limits<int64_t>::max());
     } else if (key == "surrogate" && allow_host_paths) {
       s.surrogate = text(val, f);
+    } else if (val.is_number()) {
+      s.params[key] = {number_in(val, f, -1e9, 1e9), f};  // checked against the press in press_spec_apply
     } else {
-      throw Error("unknown field '" + f + "' (expected press, threshold, ratio, ratio_scope, window, sink_tokens, " +
-                  "prefill_evict_every, decoding, sliding_layers, seed" + (allow_host_paths ? ", surrogate" : "") + ")");
+      throw Error("unknown field '" + f + "' (expected " + std::string(kSpecFields) + (allow_host_paths ? ", surrogate" : "") +
+                  ", or a parameter of the press)");
     }
   }
   if (s.threshold && s.ratio) throw Error("'" + where + "' takes either 'threshold' or 'ratio', not both");
+  // A name no press takes is refused here; whether the press it ends up with takes it, in press_spec_apply.
+  for (const auto& [key, given] : s.params) {
+    bool declared = false;
+    for (const ScorerEntry& e : scorer_registry())
+      for (const PressParam& d : e.traits.params) declared |= d.name == key && (!s.press || find_press_entry(*s.press) == &e);
+    if (!declared && !(s.press && !find_press_entry(*s.press)))
+      throw Error("unknown field '" + given.second + "' (expected " + kSpecFields + (allow_host_paths ? ", surrogate" : "") +
+                  (s.press ? ", or a parameter of press '" + *s.press + "': " + declared_params(press_traits(*s.press))
+                           : std::string(", or a parameter of the press")) + ")");
+  }
   return s;
 }
 
@@ -78,6 +101,22 @@ PressSpec press_spec_apply(const PressSpec& base, const PressSpecPatch& p) {
   if (p.sliding_layers) out.sliding_layers = *p.sliding_layers;
   if (p.surrogate) out.surrogate_dir = *p.surrogate;
   if (p.seed) out.seed = *p.seed;
+  const PressTraits& traits = press_traits(out.name);
+  for (const auto& [key, given] : p.params) {
+    const auto& [value, field] = given;
+    const PressParam* decl = nullptr;
+    for (const PressParam& d : traits.params)
+      if (d.name == key) decl = &d;
+    if (!decl)
+      throw Error("unknown field '" + field + "' (expected " + kSpecFields + ", or a parameter of press '" + out.name +
+                  "': " + declared_params(traits) + ")");
+    if (!(value >= decl->min && value <= decl->max) || (decl->integer && value != std::floor(value))) {
+      char range[96];
+      std::snprintf(range, sizeof range, "%s in [%g, %g]", decl->integer ? "an integer" : "a number", decl->min, decl->max);
+      throw Error("'" + field + "' must be " + range + " (" + decl->help + "), got " + json(value).dump());
+    }
+    out.params[key] = value;
+  }
   return out;
 }
 
@@ -99,7 +138,16 @@ json press_spec_to_json(const PressSpec& s) {
   if (s.has_threshold) j["threshold"] = s.threshold;
   if (s.has_ratio) j["ratio"] = s.ratio;
   if (!s.surrogate_dir.empty()) j["surrogate"] = s.surrogate_dir;
+  for (const auto& [k, v] : s.params) j[k] = v;
   return j;
+}
+
+json press_params_json(const PressTraits& traits) {
+  json arr = json::array();
+  for (const PressParam& p : traits.params)
+    arr.push_back({{"name", p.name}, {"default", p.default_value}, {"min", p.min}, {"max", p.max}, {"integer", p.integer},
+                   {"help", p.help}});
+  return arr;
 }
 
 std::string press_spec_key(const PressSpec* s) {
@@ -110,11 +158,13 @@ std::string press_spec_key(const PressSpec* s) {
     return std::string(buf);
   };
   // Built as a string, not into a fixed buffer: a long surrogate path must not truncate the key.
-  return s->name + "|t=" + std::to_string((int)s->has_threshold) + ":" + exact(s->threshold) +
+  std::string key = s->name + "|t=" + std::to_string((int)s->has_threshold) + ":" + exact(s->threshold) +
          "|r=" + std::to_string((int)s->has_ratio) + ":" + exact(s->ratio) + "|scope=" + s->ratio_scope +
          "|w=" + std::to_string(s->window) + "|sink=" + std::to_string(s->sink_tokens) +
          "|every=" + std::to_string(s->prefill_evict_every) + "|dec=" + std::to_string((int)s->decoding) +
          "|slide=" + std::to_string((int)s->sliding_layers) + "|sur=" + s->surrogate_dir + "|seed=" + std::to_string(s->seed);
+  for (const auto& [k, v] : s->params) key += "|" + k + "=" + exact(v);
+  return key;
 }
 
 }  // namespace kvzap

@@ -5,6 +5,7 @@
 // /metrics. Validation against the registry (does the press exist, which policies it takes) is make_press's.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -36,6 +37,10 @@ struct PressSpec {
   bool sliding_layers = false;
   std::string surrogate_dir;  // KVzap surrogates (empty = the shipped default for the model)
   uint64_t seed = 42;         // random press
+  // A press's own parameters under kvpress's argument names (SnapKV's window_size, StreamingLLM's n_sink,
+  // ...): the registry declares which each press takes, with defaults and ranges (PressTraits::params);
+  // only those given are here (press_param reads a value or its default).
+  std::map<std::string, double> params;
 };
 
 // The fields a JSON object sets, each optional: a request's `kv_compression`, the C API's press JSON.
@@ -48,6 +53,9 @@ struct PressSpecPatch {
   std::optional<bool> decoding, sliding_layers;
   std::optional<std::string> surrogate;  // a folder on the host: trusted front ends only
   std::optional<uint64_t> seed;
+  // Any other numeric field: a press parameter, checked by press_spec_apply against the press it ends up
+  // naming. name -> (value, the field's path for error messages).
+  std::map<std::string, std::pair<double, std::string>> params;
 };
 
 // Parses `v` (an object) field by field; errors (kvzap::Error) name the field as `<where>.<key>`.
@@ -55,10 +63,14 @@ struct PressSpecPatch {
 PressSpecPatch parse_press_spec_patch(const nlohmann::json& v, const std::string& where, bool allow_host_paths);
 // base with the patch's fields on top. A threshold clears the base's ratio and the other way round;
 // naming another press than base.name starts from PressSpec{} (the base's settings were for its press).
+// Throws kvzap::Error for a parameter the resulting press does not declare, or out of its range.
 PressSpec press_spec_apply(const PressSpec& base, const PressSpecPatch& patch);
 // A whole spec from JSON: {"press": name, ...}; the press is required.
 PressSpec press_spec_from_json(const nlohmann::json& v, const std::string& where = "press", bool allow_host_paths = true);
 nlohmann::json press_spec_to_json(const PressSpec& s);
+struct PressTraits;
+// The parameters a press declares, as JSON: [{"name", "default", "min", "max", "integer", "help"}].
+nlohmann::json press_params_json(const PressTraits& traits);
 // Canonical text of every field (equal keys = equal behaviour); "none" for no press.
 std::string press_spec_key(const PressSpec* s);
 

@@ -53,6 +53,18 @@ const PressTraits& press_traits(const std::string& name) {
   return e ? e->traits : defaults;
 }
 
+double press_param(const PressSpec& spec, const std::string& name) {
+  if (auto it = spec.params.find(name); it != spec.params.end()) return it->second;
+  for (const PressParam& p : press_traits(spec.name).params)
+    if (p.name == name) return p.default_value;
+  throw Error("internal: press '" + spec.name + "' declares no parameter '" + name + "'");
+}
+
+int64_t press_min_context(const PressSpec& spec) {
+  const PressTraits& t = press_traits(spec.name);
+  return t.min_context_param.empty() ? t.min_context_tokens : (int64_t)press_param(spec, t.min_context_param);
+}
+
 std::unique_ptr<Press> make_press(const PressSpec& options, const Model& model) {
   PressSpec opt = options;
   // "adakv_<press>": any registered press under the AdaKV budget (press/scorer_adakv.cpp).

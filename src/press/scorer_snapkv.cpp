@@ -60,8 +60,19 @@ std::unique_ptr<Scorer> make_snapkv_scorer(const ModelConfig& c) { return std::m
 namespace {
 RegisterScorer reg({"snapkv",
                     "SnapKV: attention of the context's last 64 queries, pooled over 5 positions; the window is kept",
-                    false, [](const PressSpec&, const Model& m) { return make_snapkv_scorer(m.config()); },
-                    {.min_context_tokens = kSnapKvWindow, .kvpress_parity = "exact (kvpress SnapKVPress)"}});
+                    false,
+                    [](const PressSpec& o, const Model& m) -> std::unique_ptr<Scorer> {
+                      // kvpress pools with padding kernel_size // 2, which keeps the length for odd sizes only.
+                      if ((int)press_param(o, "kernel_size") % 2 == 0)
+                        throw Error("snapkv's kernel_size must be odd, got " + std::to_string((int)press_param(o, "kernel_size")));
+                      return std::make_unique<SnapKvScorer>(m.config(), (int)press_param(o, "window_size"),
+                                                            (int)press_param(o, "kernel_size"));
+                    },
+                    {.min_context_tokens = kSnapKvWindow,
+                     .min_context_param = "window_size",
+                     .params = {{"window_size", kSnapKvWindow, 1, 4096, true, "the last queries that vote"},
+                                {"kernel_size", 5, 1, 63, true, "the pooling width of the votes, odd"}},
+                     .kvpress_parity = "exact (kvpress SnapKVPress)"}});
 }  // namespace
 
 }  // namespace kvzap

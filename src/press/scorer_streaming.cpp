@@ -1,5 +1,5 @@
-// "streaming_llm" (docs/ALGORITHMS.md §8.3, kvpress StreamingLLMPress): keep the first 4 tokens (attention
-// sinks) and the most recent ones. As a context scorer: sinks score +inf, every other entry its position,
+// "streaming_llm" (docs/ALGORITHMS.md §8.3, kvpress StreamingLLMPress): keep the first n_sink (4) tokens
+// (attention sinks) and the most recent ones. As a context scorer: sinks score +inf, every other entry its position,
 // so the lowest scores are the oldest non-sink tokens. With scope "head" every stream keeps its 4 sinks
 // and its most recent tokens; "global" and "layer" give the same result up to rounding, since every stream
 // holds the same positions.
@@ -10,10 +10,9 @@
 namespace kvzap {
 namespace {
 
-constexpr int32_t kSinkTokens = 4;
-
 class StreamingScorer : public Scorer {
  public:
+  explicit StreamingScorer(int32_t n_sink) : n_sink_(n_sink) {}
   bool per_step() const override { return false; }
   bool scores_sliding_layers() const override { return true; }  // it reads positions, not slots
   void score_context(ContextView& ctx, CacheScores& out) override {
@@ -25,15 +24,19 @@ class StreamingScorer : public Scorer {
         s.resize((size_t)cache.length(l, h));
         for (int64_t i = 0; i < cache.length(l, h); i++) {
           const int32_t p = cache.position_at(l, h, i);
-          s[(size_t)i] = p < kSinkTokens ? std::numeric_limits<float>::infinity() : (float)p;
+          s[(size_t)i] = p < n_sink_ ? std::numeric_limits<float>::infinity() : (float)p;
         }
       }
   }
+
+ private:
+  int32_t n_sink_;
 };
 
 RegisterScorer reg({"streaming_llm", "keeps the first 4 tokens (attention sinks) and the most recent ones", false,
-                    [](const PressSpec&, const Model&) { return std::make_unique<StreamingScorer>(); },
-                    {.kvpress_parity = "exact (kvpress StreamingLLMPress)"}});
+                    [](const PressSpec& o, const Model&) { return std::make_unique<StreamingScorer>((int32_t)press_param(o, "n_sink")); },
+                    {.params = {{"n_sink", 4, 0, 1 << 20, true, "the first tokens always kept (attention sinks)"}},
+                     .kvpress_parity = "exact (kvpress StreamingLLMPress)"}});
 
 }  // namespace
 }  // namespace kvzap

@@ -54,9 +54,10 @@ void check_prompt_fits_press(const PressSpec& o, int64_t n_prompt, int64_t n_ctx
   // What the press needs of a context comes from the registry: checked here, a failure would otherwise
   // happen inside a batch step and end every request in it.
   const PressTraits& t = press_traits(o.name);
-  if (o.has_ratio && n_prompt <= t.min_context_tokens)
+  const int64_t min_context = press_min_context(o);
+  if (o.has_ratio && n_prompt <= min_context)
     throw invalid_request("kv_compression: press '" + o.name + "' needs a prompt longer than " +
-                          std::to_string(t.min_context_tokens) + " tokens, got " + std::to_string(n_prompt));
+                          std::to_string(min_context) + " tokens, got " + std::to_string(n_prompt));
   // A repeat pass (KVzip) runs the context plus a chat-wrapped copy of up to 2048 of its tokens
   // (press/scorer_kvzip.cpp) on top of it; 64 tokens cover the template around the copy.
   if (t.repeats_context) {

@@ -21,8 +21,10 @@ def test_not_a_model_file(tmp_path):
 def test_bad_press_arguments():
     with pytest.raises(kvzap.Error, match="ratio"):
         kvzap.KnormPress(compression_ratio=1.5)
-    with pytest.raises(kvzap.Error, match="unknown field 'press.window_size'"):
-        kvzap.SnapKVPress(compression_ratio=0.5, window_size=64)
+    with pytest.raises(kvzap.Error, match="unknown field 'press.window_size'.*parameter of press 'knorm': none"):
+        kvzap.KnormPress(compression_ratio=0.5, window_size=64)
+    with pytest.raises(kvzap.Error, match="'press.window_size' must be an integer in"):
+        kvzap.SnapKVPress(compression_ratio=0.5, window_size=0)
     with pytest.raises(kvzap.Error, match="either 'threshold' or 'ratio'"):
         kvzap.KnormPress(compression_ratio=0.5, threshold=1.0)
     with pytest.raises(kvzap.Error, match="model_type"):

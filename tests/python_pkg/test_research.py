@@ -177,3 +177,22 @@ def test_press_scores_of_a_threshold_press_while_decoding(smol):
     assert not np.isnan(scores).any()
     assert np.array_equal(mask[:, :, judged], scores[:, :, judged] >= -4)
     assert mask[:, :, ~judged].all()
+
+
+def test_kvpress_arguments_of_a_press_reach_the_engine(smol):
+    # kvpress's own arguments (SnapKVPress(window_size=...), StreamingLLMPress(n_sink=...)) are the
+    # registry's declared parameters: the kept window moves, more sinks are kept.
+    ids = smol.tokenize(CONTEXT, add_bos=True)
+    n = len(ids)
+
+    def kept(press):
+        seq = smol.new_sequence()
+        seq.prefill(ids, smol.press(press))
+        return seq.kept_mask()
+
+    window = kept(kvzap.SnapKVPress(compression_ratio=0.5, window_size=24))
+    assert window[:, :, n - 24:].all() and not np.array_equal(window, kept(kvzap.SnapKVPress(compression_ratio=0.5)))
+    sinks = kept(kvzap.StreamingLLMPress(compression_ratio=0.5, n_sink=9))
+    assert sinks[:, :, :9].all() and not sinks[:, :, 9].any()
+    params = {p["name"]: p["params"] for p in kvzap.presses()}
+    assert [p["name"] for p in params["snapkv"]] == ["window_size", "kernel_size"]

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cache/kv_cache.h"
 #include "common/fp16.h"
 #include "engine/model_store.h"
@@ -1032,6 +1034,38 @@ TEST_F(BaselinesWithModel, RegistryHoldsEveryBaselineButNotNoPress) {
   o.has_ratio = false;
   o.has_threshold = true;
   EXPECT_THROW(make_press(o, *model_), Error);
+}
+
+// kvpress's own arguments reach the scorer: SnapKV's window_size (the window kept whole moves) and
+// StreamingLLM's n_sink (more sinks kept).
+TEST_F(BaselinesWithModel, PressParametersChangeWhatIsKept) {
+  const ModelConfig& c = model_->config();
+  const int64_t T = 300;
+  const std::vector<int32_t> ids = context_ids(T);
+  SessionOptions so;
+  so.n_threads = 2;
+  so.n_ctx = 512;
+  Session s(*model_, so);
+  auto kept_with = [&](const nlohmann::json& spec) {
+    auto press = make_press(press_spec_from_json(spec), *model_);
+    s.prefill_context(ids, press.get());
+    return test::kept_positions(s.cache());
+  };
+  const test::KeptSet w64 = kept_with({{"press", "snapkv"}, {"ratio", 0.5}, {"ratio_scope", "head"}});
+  const test::KeptSet w32 = kept_with({{"press", "snapkv"}, {"ratio", 0.5}, {"ratio_scope", "head"}, {"window_size", 32}});
+  EXPECT_NE(w64, w32);
+  for (int l = 0; l < c.n_layer; l++)
+    for (int h = 0; h < c.n_head_kv; h++) {
+      const int64_t len = s.cache().length(l, h);
+      EXPECT_EQ(len, T / 2);
+      EXPECT_EQ(s.cache().position_at(l, h, len - 32), T - 32);  // the 32-token window, kept whole
+    }
+  kept_with({{"press", "streaming_llm"}, {"ratio", 0.5}, {"ratio_scope", "head"}, {"n_sink", 10}});
+  for (int l = 0; l < c.n_layer; l++)
+    for (int h = 0; h < c.n_head_kv; h++) {
+      EXPECT_EQ(s.cache().position_at(l, h, 9), 9);  // sinks 0..9
+      EXPECT_EQ(s.cache().position_at(l, h, 10), T - (T / 2 - 10));  // then the most recent
+    }
 }
 
 TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {

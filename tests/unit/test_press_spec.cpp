@@ -102,6 +102,42 @@ TEST(PressSpec, JsonErrorsNameTheField) {
   EXPECT_NE(message(json::array()).find("an object"), std::string::npos);
 }
 
+// A press's own parameters (kvpress argument names), declared by the registry: given ones are kept,
+// checked against the press's range, part of the key and the JSON form; others are refused by name.
+TEST(PressSpec, PressParametersAreDeclaredByTheRegistryAndChecked) {
+  const PressSpec s = press_spec_from_json({{"press", "snapkv"}, {"ratio", 0.5}, {"window_size", 32}});
+  EXPECT_EQ(s.params.at("window_size"), 32);
+  EXPECT_EQ(press_param(s, "window_size"), 32);
+  EXPECT_EQ(press_param(s, "kernel_size"), 5);  // the registry's default
+  EXPECT_EQ(press_min_context(s), 32);
+  EXPECT_EQ(press_min_context(press_spec_from_json({{"press", "snapkv"}, {"ratio", 0.5}})), 64);
+  const PressSpec plain = press_spec_from_json({{"press", "snapkv"}, {"ratio", 0.5}});
+  EXPECT_NE(press_spec_key(&s), press_spec_key(&plain));
+  const PressSpec back = press_spec_from_json(press_spec_to_json(s));
+  EXPECT_EQ(press_spec_key(&back), press_spec_key(&s));
+  auto message = [](const json& v) {
+    try {
+      press_spec_from_json(v);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({{"press", "snapkv"}, {"window_size", 0}}).find("'press.window_size' must be an integer in [1, 4096]"),
+            std::string::npos);
+  EXPECT_NE(message({{"press", "snapkv"}, {"window_size", 2.5}}).find("press.window_size"), std::string::npos);
+  EXPECT_NE(message({{"press", "knorm"}, {"window_size", 32}}).find("a parameter of press 'knorm': none"), std::string::npos);
+  EXPECT_NE(message({{"press", "streaming_llm"}, {"window_size", 32}}).find("press 'streaming_llm': n_sink"), std::string::npos);
+  // A server's kv_compression may set a parameter of its default press without naming it.
+  PressSpec base = press_spec_from_json({{"press", "snapkv"}, {"ratio", 0.5}});
+  const PressSpec patched = press_spec_apply(base, parse_press_spec_patch({{"kernel_size", 7}}, "kv_compression", false));
+  EXPECT_EQ(press_param(patched, "kernel_size"), 7);
+  EXPECT_THROW(press_spec_apply(press_spec_from_json({{"press", "knorm"}, {"ratio", 0.5}}),
+                                parse_press_spec_patch({{"kernel_size", 7}}, "kv_compression", false)),
+               Error);
+  EXPECT_THROW(parse_press_spec_patch({{"kernel_sise", 7}}, "kv_compression", false), Error);  // no press takes it
+}
+
 // The server: kv_compression reaches every field of the press, on top of the server's default, and a
 // client cannot name a folder on the host.
 TEST(PressSpec, ServerKvCompressionDeliversEveryFieldButHostPaths) {
