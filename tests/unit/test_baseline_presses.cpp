@@ -451,7 +451,7 @@ TEST(BaselineScorers, ExpectedAttentionUsesRotatedQueryStatisticsAndValueNorms) 
         R[(size_t)(b * D + a)] += std::sin(th) / 512;
         R[(size_t)(b * D + b)] += std::cos(th) / 512;
       }
-    Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)c.n_head_kv));
+    Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)c.n_head_kv)), plain = want;
     for (int l = 0; l < c.n_layer; l++)
       for (int hk = 0; hk < c.n_head_kv; hk++) {
         std::vector<double> acc((size_t)T, 0.0);
@@ -490,11 +490,60 @@ TEST(BaselineScorers, ExpectedAttentionUsesRotatedQueryStatisticsAndValueNorms) 
         std::vector<double> s((size_t)T, INFINITY);
         for (int64_t i = 4; i < T; i++) s[(size_t)i] = (acc[(size_t)i] + eps) * std::sqrt(dot(x.value(l, hk, i), x.value(l, hk, i), D));
         want[(size_t)l][(size_t)hk] = s;
+        for (int64_t i = 4; i < T; i++) s[(size_t)i] = acc[(size_t)i];  // use_vnorm off: the softmax alone
+        plain[(size_t)l][(size_t)hk] = s;
       }
     for (int64_t step : {T, (int64_t)11}) {
       auto s = make_expected_attention_scorer(c, eps);
       expect_scores_near(run_scorer(*s, x, step), want, 2e-3, "expected_attention");
+      auto p = make_expected_attention_scorer(c, eps, /*use_vnorm=*/false);
+      expect_scores_near(run_scorer(*p, x, step), plain, 2e-3, "expected_attention without vnorm");
     }
+  }
+}
+
+TEST(BaselineScorers, CriticalKvKeepsHalfTheBudgetThenWeighsByTheOutputProjectedValues) {
+  // kvpress CriticalKVPress around ExpectedAttention without ||v|| (critical_expected_attention), with a
+  // random W_O: the inner scores come from the scorer checked above; the CriticalKV step is written out here.
+  const ModelConfig c = small_config();
+  const int64_t T = 90;
+  const Context x = make_context(c, T, 31, /*rope=*/true, 0.7f);
+  const int D = c.head_dim, G = c.n_group(), E = c.n_embd, HD = c.n_head * c.head_dim;
+  std::mt19937 rng(77);
+  std::normal_distribution<float> nd(0.0f, 0.3f);
+  std::vector<std::vector<float>> wo((size_t)c.n_layer, std::vector<float>((size_t)E * HD));  // [layer][E][n_head * D]
+  for (auto& w : wo)
+    for (float& v : w) v = nd(rng);
+  for (double ratio : {0.5, 0.25}) {
+    auto inner = make_expected_attention_scorer(c, 1e-2, /*use_vnorm=*/false);
+    const CacheScores s0 = run_scorer(*inner, x, T);
+    Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)c.n_head_kv));
+    for (int l = 0; l < c.n_layer; l++) {
+      double top = -INFINITY;  // the sinks enter with the layer's largest score + 1
+      for (const auto& h : s0[(size_t)l])
+        for (float v : h)
+          if (std::isfinite(v)) top = std::max(top, (double)v);
+      for (int hk = 0; hk < c.n_head_kv; hk++) {
+        std::vector<double> s((size_t)T);
+        for (int64_t i = 0; i < T; i++) s[(size_t)i] = std::isinf(s0[(size_t)l][(size_t)hk][(size_t)i]) ? (double)(float)(top + 1) : s0[(size_t)l][(size_t)hk][(size_t)i];
+        const int64_t first = std::max<int64_t>(1, (int64_t)((1.0 - ratio) * (double)T * 0.5));
+        const std::vector<int32_t> best = top_slots(s, first);
+        std::vector<double>& w = want[(size_t)l][(size_t)hk];
+        for (int64_t i = 0; i < T; i++) {
+          double pn = 0;  // mean over the group of ||W_O^(q) v_i||_1
+          for (int g = 0; g < G; g++)
+            for (int e = 0; e < E; e++) {
+              double y = 0;
+              for (int d = 0; d < D; d++) y += (double)wo[(size_t)l][(size_t)(e * HD + (hk * G + g) * D + d)] * x.value(l, hk, i)[d];
+              pn += std::fabs(y) / G;
+            }
+          w.push_back((s[(size_t)i] + 1e-4) * pn);
+        }
+        for (int32_t i : best) w[(size_t)i] = INFINITY;
+      }
+    }
+    auto s = make_critical_scorer(make_expected_attention_scorer(c, 1e-2, false), c, wo, ratio);
+    expect_scores_near(run_scorer(*s, x, T), want, 1e-4, "critical_expected_attention", 1e-7);
   }
 }
 
@@ -594,6 +643,50 @@ TEST(BaselineScorers, CurMultipliesWindowNormalisedKeyAndValueEnergies) {
   expect_scores_near(run_scorer(*s, x, T), want, 1e-5, "cur");
 }
 
+// Leverage of the pre-RoPE keys of slots [first, first + n) of stream (l, hk) (the cached keys rotated
+// back), centred, through the sketch phi [D][k]: x_i^T (X^T X + 0.01 I)^-1 x_i with the inverse by
+// Gauss-Jordan (kvpress LeverageScorePress's definition, its first jitter).
+std::vector<double> naive_leverage(const Context& x, int l, int hk, int64_t first, int64_t n, const std::vector<double>& phi, int k) {
+  const ModelConfig& c = x.c;
+  const int D = c.head_dim;
+  std::vector<double> K((size_t)(n * D)), mean((size_t)D, 0.0);
+  for (int64_t i = 0; i < n; i++) {
+    std::vector<float> key(x.key(l, hk, first + i), x.key(l, hk, first + i) + D);
+    rotate(c, key.data(), first + i, -1.0);
+    for (int d = 0; d < D; d++) K[(size_t)(i * D + d)] = key[(size_t)d], mean[(size_t)d] += key[(size_t)d] / (double)n;
+  }
+  std::vector<double> X((size_t)(n * k), 0.0);
+  for (int64_t i = 0; i < n; i++)
+    for (int d = 0; d < D; d++)
+      for (int j = 0; j < k; j++) X[(size_t)(i * k + j)] += (K[(size_t)(i * D + d)] - mean[(size_t)d]) * phi[(size_t)(d * k + j)];
+  std::vector<double> A((size_t)(k * 2 * k), 0.0);  // [G + 0.01 I | I] -> [I | (G + 0.01 I)^-1]
+  for (int a = 0; a < k; a++) {
+    for (int b = 0; b < k; b++) {
+      double s = a == b ? 1e-2 : 0.0;
+      for (int64_t i = 0; i < n; i++) s += X[(size_t)(i * k + a)] * X[(size_t)(i * k + b)];
+      A[(size_t)(a * 2 * k + b)] = s;
+    }
+    A[(size_t)(a * 2 * k + k + a)] = 1;
+  }
+  for (int col = 0; col < k; col++) {
+    const double p = A[(size_t)(col * 2 * k + col)];
+    for (int cc = 0; cc < 2 * k; cc++) A[(size_t)(col * 2 * k + cc)] /= p;
+    for (int r = 0; r < k; r++)
+      if (r != col) {
+        const double f = A[(size_t)(r * 2 * k + col)];
+        for (int cc = 0; cc < 2 * k; cc++) A[(size_t)(r * 2 * k + cc)] -= f * A[(size_t)(col * 2 * k + cc)];
+      }
+  }
+  std::vector<double> out((size_t)n);
+  for (int64_t i = 0; i < n; i++) {
+    double s = 0;
+    for (int a = 0; a < k; a++)
+      for (int b = 0; b < k; b++) s += X[(size_t)(i * k + a)] * A[(size_t)(a * 2 * k + k + b)] * X[(size_t)(i * k + b)];
+    out[(size_t)i] = std::max(0.0, s);
+  }
+  return out;
+}
+
 TEST(BaselineScorers, CompactorBlendsLeverageAndTiledNonCausalAttention) {
   const ModelConfig c = small_config();
   const int64_t T = 8 + 256 + 90 + 4;  // one full tile and a partial one between the protected ends
@@ -606,44 +699,7 @@ TEST(BaselineScorers, CompactorBlendsLeverageAndTiledNonCausalAttention) {
   for (int l = 0; l < c.n_layer; l++) {
     std::vector<std::vector<double>> lev((size_t)Hkv, std::vector<double>((size_t)S)), att = lev;
     for (int hk = 0; hk < Hkv; hk++) {
-      // Leverage of the pre-RoPE keys (the cached f16 keys rotated back) through the sketch, by a direct inverse.
-      std::vector<double> K((size_t)(S * D)), mean((size_t)D, 0.0);
-      for (int64_t i = 0; i < S; i++) {
-        std::vector<float> k(x.key(l, hk, left + i), x.key(l, hk, left + i) + D);
-        rotate(c, k.data(), left + i, -1.0);
-        for (int d = 0; d < D; d++) K[(size_t)(i * D + d)] = k[(size_t)d], mean[(size_t)d] += k[(size_t)d] / (double)S;
-      }
-      const std::vector<double> phi = gaussian_sketch(seed, l, hk, D, 48);
-      std::vector<double> X((size_t)(S * 48), 0.0);
-      for (int64_t i = 0; i < S; i++)
-        for (int d = 0; d < D; d++)
-          for (int j = 0; j < 48; j++) X[(size_t)(i * 48 + j)] += (K[(size_t)(i * D + d)] - mean[(size_t)d]) * phi[(size_t)(d * 48 + j)];
-      // (X^T X + 0.01 I)^-1 by Gauss-Jordan.
-      const int k = 48;
-      std::vector<double> A((size_t)(k * 2 * k), 0.0);
-      for (int a = 0; a < k; a++) {
-        for (int b = 0; b < k; b++) {
-          double s = a == b ? 1e-2 : 0.0;
-          for (int64_t i = 0; i < S; i++) s += X[(size_t)(i * k + a)] * X[(size_t)(i * k + b)];
-          A[(size_t)(a * 2 * k + b)] = s;
-        }
-        A[(size_t)(a * 2 * k + k + a)] = 1;
-      }
-      for (int col = 0; col < k; col++) {
-        const double p = A[(size_t)(col * 2 * k + col)];
-        for (int cc = 0; cc < 2 * k; cc++) A[(size_t)(col * 2 * k + cc)] /= p;
-        for (int r = 0; r < k; r++)
-          if (r != col) {
-            const double f = A[(size_t)(r * 2 * k + col)];
-            for (int cc = 0; cc < 2 * k; cc++) A[(size_t)(r * 2 * k + cc)] -= f * A[(size_t)(col * 2 * k + cc)];
-          }
-      }
-      for (int64_t i = 0; i < S; i++) {
-        double s = 0;
-        for (int a = 0; a < k; a++)
-          for (int b = 0; b < k; b++) s += X[(size_t)(i * k + a)] * A[(size_t)(a * 2 * k + k + b)] * X[(size_t)(i * k + b)];
-        lev[(size_t)hk][(size_t)i] = s;
-      }
+      lev[(size_t)hk] = naive_leverage(x, l, hk, left, S, gaussian_sketch(seed, l, hk, D, 48), 48);
       // Non-causal attention within tiles [8, 264) and [264, T - 4), unscaled logits.
       std::vector<double> a((size_t)S, 0.0);
       for (int64_t t0 = left; t0 < T - right; t0 += 256) {
@@ -671,6 +727,34 @@ TEST(BaselineScorers, CompactorBlendsLeverageAndTiledNonCausalAttention) {
   for (int64_t step : std::vector<int64_t>{T, 100, 37, 1}) {
     auto s = make_compactor_scorer(c, blend, seed);
     expect_scores_near(run_scorer(*s, x, step), want, 2e-3, "compactor", 2e-3);
+  }
+}
+
+}  // namespace
+namespace kvzap {
+std::unique_ptr<Scorer> make_leverage_score_scorer(const ModelConfig& c, uint64_t seed);  // press/scorer_leverage_score.cpp
+}  // namespace kvzap
+namespace {
+
+TEST(BaselineScorers, LeverageScoreIsSketchedPreRopeKeyLeverageZScoredPerLayer) {
+  // kvpress LeverageScorePress: every position scored (no protected ends), z-scored over the layer.
+  const ModelConfig c = small_config();
+  const int64_t T = 150;
+  const Context x = make_context(c, T, 21, /*rope=*/true, 0.5f);
+  const int Hkv = c.n_head_kv;
+  const uint64_t seed = 9;
+  Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)Hkv));
+  for (int l = 0; l < c.n_layer; l++) {
+    std::vector<double*> ptrs;
+    for (int hk = 0; hk < Hkv; hk++) {
+      want[(size_t)l][(size_t)hk] = naive_leverage(x, l, hk, 0, T, gaussian_sketch(seed, l, hk, c.head_dim, 48), 48);
+      ptrs.push_back(want[(size_t)l][(size_t)hk].data());
+    }
+    naive_zscore(ptrs, (size_t)T);
+  }
+  for (int64_t step : {T, (int64_t)16}) {
+    auto s = make_leverage_score_scorer(c, seed);
+    expect_scores_near(run_scorer(*s, x, step), want, 2e-3, "leverage_score", 2e-3);
   }
 }
 
@@ -1014,7 +1098,7 @@ TEST_F(BaselinesWithModel, RegistryHoldsEveryBaselineButNotNoPress) {
   }
   for (const char* n : {"snapkv", "tova", "observed_attention", "expected_attention", "expected_attention_uniform",
                         "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur", "compactor",
-                        "non_causal_attn", "cap", "block_keydiff", "critical_snapkv"})
+                        "non_causal_attn", "cap", "block_keydiff", "critical_snapkv", "leverage_score", "critical_expected_attention"})
     EXPECT_TRUE(names.count(n)) << n;
   EXPECT_FALSE(names.count("no_press"));
   PressSpec o;
@@ -1045,7 +1129,8 @@ TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
   const std::vector<int32_t> question = model_->tokenizer().encode(" How many boats were counted at dawn?", false);
   for (const char* name : {"snapkv", "tova", "observed_attention", "expected_attention", "expected_attention_uniform",
                            "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur",
-                           "compactor", "adakv_keydiff", "non_causal_attn", "cap", "block_keydiff", "critical_snapkv"}) {
+                           "compactor", "adakv_keydiff", "non_causal_attn", "cap", "block_keydiff", "critical_snapkv",
+                           "leverage_score", "critical_expected_attention"}) {
     SCOPED_TRACE(name);
     PressSpec o;
     o.name = name;
@@ -1073,7 +1158,8 @@ TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
         // CriticalKV's first stage (int(150 / 2) = 75 entries) takes SnapKV's window whole.
         if (n == "snapkv" || n == "adakv_snapkv" || n == "critical_snapkv")
           EXPECT_EQ(s.cache().position_at(l, h, len - 64), T - 64);
-        if (n == "expected_attention_uniform" || n == "cur" || n == "compactor" || n == "cap")
+        if (n == "expected_attention_uniform" || n == "cur" || n == "compactor" || n == "cap" ||
+            n == "critical_expected_attention")
           EXPECT_EQ(s.cache().position_at(l, h, 3), 3);
       }
     GenerateOptions g;
