@@ -114,6 +114,8 @@ def presses():
     add("critical_snapkv", "head", lambda r: K.CriticalKVPress(sn(compression_ratio=r)))
     add("critical_expected_attention", "head",
         lambda r: K.CriticalKVPress(K.ExpectedAttentionPress(compression_ratio=r, use_vnorm=False)))
+    add("critical_adakv_expected_attention", "adakv",
+        lambda r: K.CriticalAdaKVPress(K.ExpectedAttentionPress(compression_ratio=r, use_vnorm=False)))
     add("block_keydiff", "head", lambda r: K.BlockPress(press=K.KeyDiffPress(compression_ratio=r), block_size=128))
     add("cap", "head", lambda r: K.CapPress(compression_ratio=r))
     add("adakv_cap", "adakv", lambda r: K.AdaKVPress(K.CapPress(compression_ratio=r)))

@@ -1046,6 +1046,81 @@ TEST(BaselineBudgets, AdaKvWrapperAndChunkKvUnderTheRatioPolicy) {
   }
 }
 
+}  // namespace
+namespace kvzap {
+// press/scorer_critical_adakv_expected_attention.cpp
+std::unique_ptr<Scorer> make_critical_adakv_scorer(std::unique_ptr<Scorer> inner, const ModelConfig& c,
+                                                   std::vector<std::vector<float>> wo);
+}  // namespace kvzap
+namespace {
+
+TEST(BaselineBudgets, CriticalAdaKvSplitsTheLayerBudgetThenKeepsHalfOfEachHeadsShareOutright) {
+  // kvpress CriticalAdaKVPress around ExpectedAttention without ||v||, written out per layer: safeguards,
+  // per-head budgets from the layer's best n H, a first stage of half each budget, then (s + 1e-4) x pn.
+  const ModelConfig c = small_config();
+  const int64_t T = 90;
+  const Context x = make_context(c, T, 41, /*rope=*/true, 0.7f);
+  const int D = c.head_dim, G = c.n_group(), E = c.n_embd, HD = c.n_head * c.head_dim, H = c.n_head_kv;
+  std::mt19937 rng(78);
+  std::normal_distribution<float> nd(0.0f, 0.3f);
+  std::vector<std::vector<float>> wo((size_t)c.n_layer, std::vector<float>((size_t)E * HD));  // [layer][E][n_head * D]
+  for (auto& w : wo)
+    for (float& v : w) v = nd(rng);
+  auto inner = make_expected_attention_scorer(c, 1e-2, /*use_vnorm=*/false);
+  const CacheScores s0 = run_scorer(*inner, x, T);
+  bool uneven = false;  // somewhere the heads' budgets differ (else this would be the head scope)
+  for (double ratio : {0.5, 0.8}) {
+    SCOPED_TRACE(ratio);
+    const int64_t n = std::max<int64_t>(1, (int64_t)((double)T * (1.0 - ratio)));
+    const int64_t n_safe = std::max<int64_t>(1, (int64_t)((double)n * 0.2));
+    const double big = 1e30;  // stands for kvpress's finfo.max
+    std::vector<std::vector<std::vector<int32_t>>> want((size_t)c.n_layer);
+    for (int l = 0; l < c.n_layer; l++) {
+      double top = -INFINITY;
+      for (const auto& h : s0[(size_t)l])
+        for (float v : h)
+          if (std::isfinite(v)) top = std::max(top, (double)v);
+      std::vector<std::vector<double>> s((size_t)H, std::vector<double>((size_t)T));
+      std::vector<std::pair<double, int>> all;
+      for (int h = 0; h < H; h++) {
+        for (int64_t i = 0; i < T; i++) {
+          const float v = s0[(size_t)l][(size_t)h][(size_t)i];
+          s[(size_t)h][(size_t)i] = std::isinf(v) ? (double)(float)(top + 1) : v;
+        }
+        for (int32_t i : top_slots(s[(size_t)h], n_safe)) s[(size_t)h][(size_t)i] = big;
+        for (int64_t i = 0; i < T; i++) all.push_back({s[(size_t)h][(size_t)i], h});
+      }
+      std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+      std::vector<int64_t> budget((size_t)H, 0);
+      for (int64_t i = 0; i < n * H; i++) budget[(size_t)all[(size_t)i].second]++;
+      int64_t total = 0;
+      for (int h = 0; h < H; h++) {
+        total += budget[(size_t)h];
+        EXPECT_GE(budget[(size_t)h], n_safe);
+        for (int32_t i : top_slots(s[(size_t)h], budget[(size_t)h] / 2)) s[(size_t)h][(size_t)i] = big;
+        std::vector<double> y((size_t)T);
+        for (int64_t i = 0; i < T; i++) {
+          double pn = 0;
+          for (int g = 0; g < G; g++)
+            for (int e = 0; e < E; e++) {
+              double v = 0;
+              for (int d = 0; d < D; d++) v += (double)wo[(size_t)l][(size_t)(e * HD + (h * G + g) * D + d)] * x.value(l, h, i)[d];
+              pn += std::fabs(v) / G;
+            }
+          y[(size_t)i] = s[(size_t)h][(size_t)i] >= big ? INFINITY : (s[(size_t)h][(size_t)i] + 1e-4) * pn;
+        }
+        want[(size_t)l].push_back(top_slots(y, budget[(size_t)h]));
+      }
+      EXPECT_EQ(total, n * H);
+      uneven |= budget[0] != budget[1];
+    }
+    const auto kept = run_ratio(make_critical_adakv_scorer(make_expected_attention_scorer(c, 1e-2, false), c, wo), x,
+                                ratio, "head");  // its own budget: the scope does not apply
+    EXPECT_EQ(kept, want);
+  }
+  EXPECT_TRUE(uneven);
+}
+
 TEST(BaselineBudgets, ProtectedEntriesSurviveEvenAGlobalBudget) {
   const ModelConfig c = small_config();
   const Context x = make_context(c, 120, 15);
@@ -1098,7 +1173,8 @@ TEST_F(BaselinesWithModel, RegistryHoldsEveryBaselineButNotNoPress) {
   }
   for (const char* n : {"snapkv", "tova", "observed_attention", "expected_attention", "expected_attention_uniform",
                         "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur", "compactor",
-                        "non_causal_attn", "cap", "block_keydiff", "critical_snapkv", "leverage_score", "critical_expected_attention"})
+                        "non_causal_attn", "cap", "block_keydiff", "critical_snapkv", "leverage_score", "critical_expected_attention",
+                        "critical_adakv_expected_attention"})
     EXPECT_TRUE(names.count(n)) << n;
   EXPECT_FALSE(names.count("no_press"));
   PressSpec o;
@@ -1130,7 +1206,7 @@ TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
   for (const char* name : {"snapkv", "tova", "observed_attention", "expected_attention", "expected_attention_uniform",
                            "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur",
                            "compactor", "adakv_keydiff", "non_causal_attn", "cap", "block_keydiff", "critical_snapkv",
-                           "leverage_score", "critical_expected_attention"}) {
+                           "leverage_score", "critical_expected_attention", "critical_adakv_expected_attention"}) {
     SCOPED_TRACE(name);
     PressSpec o;
     o.name = name;
@@ -1159,7 +1235,7 @@ TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
         if (n == "snapkv" || n == "adakv_snapkv" || n == "critical_snapkv")
           EXPECT_EQ(s.cache().position_at(l, h, len - 64), T - 64);
         if (n == "expected_attention_uniform" || n == "cur" || n == "compactor" || n == "cap" ||
-            n == "critical_expected_attention")
+            n == "critical_expected_attention" || n == "critical_adakv_expected_attention")
           EXPECT_EQ(s.cache().position_at(l, h, 3), 3);
       }
     GenerateOptions g;
