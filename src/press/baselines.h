@@ -100,6 +100,10 @@ std::unique_ptr<Scorer> make_non_causal_scorer(const ModelConfig& c, const NonCa
 std::unique_ptr<Scorer> make_critical_scorer(std::unique_ptr<Scorer> inner, const ModelConfig& c,
                                              std::vector<std::vector<float>> wo, double ratio);
 std::vector<std::vector<float>> output_projections(const Model& m);
+// CriticalAdaKV (kvpress CriticalAdaKVPress, press/scorer_critical_adakv_expected_attention.cpp) around a
+// context scorer: AdaKV's per-layer budget, then CriticalKV's two stages within each head's share.
+std::unique_ptr<Scorer> make_critical_adakv_scorer(std::unique_ptr<Scorer> inner, const ModelConfig& c,
+                                                   std::vector<std::vector<float>> wo);
 // CriticalKV's value weights for stream (l, hk): out[i] = ||W_O^(q) v_i||_1 averaged over the G query heads q
 // of the group; wo is the layer's [n_embd][n_head * head_dim].
 void projected_value_norms(const KvCache& cache, int l, int hk, const ModelConfig& c, const std::vector<float>& wo,

@@ -7,6 +7,8 @@
 //   3. each head's int(b_h / 2) best entries are protected as well (first stage);
 //   4. score := (s + 1e-4) x ||W_O^(q) v||_1 averaged over the group, and each head keeps its b_h best.
 // It chooses its own kept sets (the ratio scope does not apply); its scores, as `score` sees them, are s.
+// The CriticalAdaKV step (make_critical_adakv_scorer) wraps any context scorer; "critical_adakv_snapkv"
+// registers it around SnapKV (press/scorer_critical_adakv_snapkv.cpp).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -107,7 +109,6 @@ class CriticalAdaKvScorer : public CacheContextScorer, public BudgetSplit {
 
 }  // namespace
 
-// For the unit test (tests/unit/test_baseline_presses.cpp), which has no Model.
 std::unique_ptr<Scorer> make_critical_adakv_scorer(std::unique_ptr<Scorer> inner, const ModelConfig& c,
                                                    std::vector<std::vector<float>> wo) {
   return std::make_unique<CriticalAdaKvScorer>(std::move(inner), c, std::move(wo));

@@ -1046,13 +1046,6 @@ TEST(BaselineBudgets, AdaKvWrapperAndChunkKvUnderTheRatioPolicy) {
   }
 }
 
-}  // namespace
-namespace kvzap {
-// press/scorer_critical_adakv_expected_attention.cpp
-std::unique_ptr<Scorer> make_critical_adakv_scorer(std::unique_ptr<Scorer> inner, const ModelConfig& c,
-                                                   std::vector<std::vector<float>> wo);
-}  // namespace kvzap
-namespace {
 
 TEST(BaselineBudgets, CriticalAdaKvSplitsTheLayerBudgetThenKeepsHalfOfEachHeadsShareOutright) {
   // kvpress CriticalAdaKVPress around ExpectedAttention without ||v||, written out per layer: safeguards,
@@ -1174,7 +1167,7 @@ TEST_F(BaselinesWithModel, RegistryHoldsEveryBaselineButNotNoPress) {
   for (const char* n : {"snapkv", "tova", "observed_attention", "expected_attention", "expected_attention_uniform",
                         "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur", "compactor",
                         "non_causal_attn", "cap", "block_keydiff", "critical_snapkv", "leverage_score", "critical_expected_attention",
-                        "critical_adakv_expected_attention"})
+                        "critical_adakv_expected_attention", "critical_adakv_snapkv"})
     EXPECT_TRUE(names.count(n)) << n;
   EXPECT_FALSE(names.count("no_press"));
   PressSpec o;
@@ -1206,7 +1199,8 @@ TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
   for (const char* name : {"snapkv", "tova", "observed_attention", "expected_attention", "expected_attention_uniform",
                            "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur",
                            "compactor", "adakv_keydiff", "non_causal_attn", "cap", "block_keydiff", "critical_snapkv",
-                           "leverage_score", "critical_expected_attention", "critical_adakv_expected_attention"}) {
+                           "leverage_score", "critical_expected_attention", "critical_adakv_expected_attention",
+                           "critical_adakv_snapkv"}) {
     SCOPED_TRACE(name);
     PressSpec o;
     o.name = name;
@@ -1229,7 +1223,8 @@ TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
     for (int l = 0; l < c.n_layer; l++)
       for (int h = 0; h < c.n_head_kv; h++) {
         const int64_t len = s.cache().length(l, h);
-        if (n == "snapkv" || n == "tova" || n == "pyramidkv" || n == "adakv_snapkv" || n == "critical_snapkv")
+        if (n == "snapkv" || n == "tova" || n == "pyramidkv" || n == "adakv_snapkv" || n == "critical_snapkv" ||
+            n == "critical_adakv_snapkv")
           EXPECT_EQ(s.cache().position_at(l, h, len - 1), T - 1);
         // CriticalKV's first stage (int(150 / 2) = 75 entries) takes SnapKV's window whole.
         if (n == "snapkv" || n == "adakv_snapkv" || n == "critical_snapkv")
