@@ -9,6 +9,8 @@
 // with RoPE undone, which is the same for models without QK-norm and also defined for Qwen3 (which
 // kvpress rejects). Registry: "expected_attention" is AdaKV(ExpectedAttention, epsilon 1e-2) as in the
 // kvpress leaderboard registry; "expected_attention_uniform" is the bare scorer (epsilon 1e-2).
+// Without use_vnorm (kvpress use_vnorm=False, for the CriticalKV presses) the score is the group's mean
+// softmax alone.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -130,11 +132,11 @@ class ExpectedAttentionScorer : public CacheContextScorer {
       }
       std::vector<float>& s = out[(size_t)l][(size_t)hk];
       for (int64_t i = 0; i < n; i++) {
-        const float* v = values.data() + (size_t)(kSinks + i) * D;
         if (!use_vnorm_) {
           s[(size_t)(kSinks + i)] = acc[(size_t)i] / (float)G;
           continue;
         }
+        const float* v = values.data() + (size_t)(kSinks + i) * D;
         double vn = 0;
         for (int a = 0; a < D; a++) vn += (double)v[a] * v[a];
         s[(size_t)(kSinks + i)] = (float)(((double)acc[(size_t)i] / G + epsilon_) * std::sqrt(vn));
