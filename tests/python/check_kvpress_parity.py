@@ -117,6 +117,7 @@ def presses():
     add("critical_adakv_expected_attention", "adakv",
         lambda r: K.CriticalAdaKVPress(K.ExpectedAttentionPress(compression_ratio=r, use_vnorm=False)))
     add("critical_adakv_snapkv", "adakv", lambda r: K.CriticalAdaKVPress(sn(compression_ratio=r)))
+    add("entropy_gated_chunkkv", "head", lambda r: K.EntropyGatedChunkKVPress(press=sn(compression_ratio=r)))
     add("block_keydiff", "head", lambda r: K.BlockPress(press=K.KeyDiffPress(compression_ratio=r), block_size=128))
     add("cap", "head", lambda r: K.CapPress(compression_ratio=r))
     add("adakv_cap", "adakv", lambda r: K.AdaKVPress(K.CapPress(compression_ratio=r)))

@@ -1114,6 +1114,81 @@ TEST(BaselineBudgets, CriticalAdaKvSplitsTheLayerBudgetThenKeepsHalfOfEachHeadsS
   EXPECT_TRUE(uneven);
 }
 
+}  // namespace
+namespace kvzap {
+std::unique_ptr<Scorer> make_entropy_gated_chunkkv_scorer(const ModelConfig& c);  // press/scorer_entropy_gated_chunkkv.cpp
+}  // namespace kvzap
+namespace {
+
+TEST(BaselineBudgets, EntropyGatedChunkKvKeepsSpikyChunksOnlyInPartAndTopsUpTheBudget) {
+  // kvpress EntropyGatedChunkKVPress(SnapKVPress, chunk_length 10, 4 slots from a spiky chunk), written out
+  // on the SnapKV scores (checked above): the same kept slots in every head.
+  const ModelConfig c = small_config();
+  const int64_t T = 137;  // 13 chunks of 10 and one of 7
+  const Context x = make_context(c, T, 51, /*rope=*/true, 2.0f);
+  const int H = c.n_head_kv;
+  auto snap = make_snapkv_scorer(c);
+  const CacheScores sn = run_scorer(*snap, x, T);
+  int n_spiky = 0, n_topped_up = 0;
+  for (double ratio : {0.5, 0.8, 0.05}) {  // 0.05: every chunk taken, the top-up spends what the gate saved
+    SCOPED_TRACE(ratio);
+    std::vector<std::vector<std::vector<int32_t>>> want((size_t)c.n_layer);
+    for (int l = 0; l < c.n_layer; l++) {
+      double top = -INFINITY;
+      for (const auto& h : sn[(size_t)l])
+        for (float v : h)
+          if (std::isfinite(v)) top = std::max(top, (double)v);
+      std::vector<double> s((size_t)T, 0.0);
+      for (int h = 0; h < H; h++)
+        for (int64_t i = 0; i < T; i++) {
+          const float v = sn[(size_t)l][(size_t)h][(size_t)i];
+          s[(size_t)i] += std::isinf(v) ? (double)(float)top + 1 : v;
+        }
+      std::vector<double> mean, ent;
+      for (int64_t c0 = 0; c0 < T; c0 += 10) {
+        const int64_t c1 = std::min(T, c0 + 10);
+        std::vector<double> p(s.begin() + c0, s.begin() + c1);
+        mean.push_back(std::accumulate(p.begin(), p.end(), 0.0) / (double)p.size());
+        const double lo = std::min(0.0, *std::min_element(p.begin(), p.end()));
+        double sum = 0, e = 0;
+        for (double& v : p) sum += (v -= lo);
+        for (double v : p) e -= v / (sum + 1e-8) * std::log(v / (sum + 1e-8) + 1e-8);
+        ent.push_back(p.size() == 1 ? 0.0 : std::clamp(e / std::log((double)p.size()), 0.0, 1.0));
+      }
+      auto lower_median = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[(v.size() - 1) / 2]; };
+      const double m_score = lower_median(mean), m_ent = lower_median(ent);
+      std::vector<int32_t> chunks(mean.size());
+      std::iota(chunks.begin(), chunks.end(), 0);
+      std::stable_sort(chunks.begin(), chunks.end(), [&](int32_t a, int32_t b) { return mean[(size_t)a] > mean[(size_t)b]; });
+      int64_t budget = (int64_t)((double)T * (1.0 - ratio));
+      std::set<int32_t> keep;
+      for (int32_t ch : chunks) {
+        if (budget <= 0) break;
+        const int64_t c0 = ch * 10, c1 = std::min(T, c0 + 10);
+        int64_t n = std::min(c1 - c0, budget);
+        if (mean[(size_t)ch] >= m_score && ent[(size_t)ch] < m_ent) n = std::min<int64_t>(n, 4), n_spiky++;
+        // Ties (the window's slots): the earlier slot first, as the press breaks them.
+        std::vector<int32_t> idx((size_t)(c1 - c0));
+        std::iota(idx.begin(), idx.end(), (int32_t)c0);
+        std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return s[(size_t)a] > s[(size_t)b]; });
+        for (int64_t r = 0; r < n; r++) keep.insert(idx[(size_t)r]);
+        budget -= n;
+      }
+      n_topped_up += budget > 0;
+      std::vector<int32_t> left;
+      for (int32_t i = 0; i < (int32_t)T; i++)
+        if (!keep.count(i)) left.push_back(i);
+      std::stable_sort(left.begin(), left.end(), [&](int32_t a, int32_t b) { return s[(size_t)a] > s[(size_t)b]; });
+      for (int64_t r = 0; r < std::min<int64_t>(budget, (int64_t)left.size()); r++) keep.insert(left[(size_t)r]);
+      EXPECT_EQ((int64_t)keep.size(), (int64_t)((double)T * (1.0 - ratio)));
+      for (int h = 0; h < H; h++) want[(size_t)l].push_back(std::vector<int32_t>(keep.begin(), keep.end()));
+    }
+    EXPECT_EQ(run_ratio(make_entropy_gated_chunkkv_scorer(c), x, ratio, "global"), want);  // the scope does not apply
+  }
+  EXPECT_GT(n_spiky, 0);  // the gate did cut some chunk short
+  EXPECT_GT(n_topped_up, 0);
+}
+
 TEST(BaselineBudgets, ProtectedEntriesSurviveEvenAGlobalBudget) {
   const ModelConfig c = small_config();
   const Context x = make_context(c, 120, 15);
@@ -1167,7 +1242,8 @@ TEST_F(BaselinesWithModel, RegistryHoldsEveryBaselineButNotNoPress) {
   for (const char* n : {"snapkv", "tova", "observed_attention", "expected_attention", "expected_attention_uniform",
                         "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur", "compactor",
                         "non_causal_attn", "cap", "block_keydiff", "critical_snapkv", "leverage_score", "critical_expected_attention",
-                        "critical_adakv_expected_attention", "critical_adakv_snapkv"})
+                        "critical_adakv_expected_attention", "critical_adakv_snapkv",
+                        "entropy_gated_chunkkv"})
     EXPECT_TRUE(names.count(n)) << n;
   EXPECT_FALSE(names.count("no_press"));
   PressSpec o;
@@ -1200,7 +1276,7 @@ TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
                            "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur",
                            "compactor", "adakv_keydiff", "non_causal_attn", "cap", "block_keydiff", "critical_snapkv",
                            "leverage_score", "critical_expected_attention", "critical_adakv_expected_attention",
-                           "critical_adakv_snapkv"}) {
+                           "critical_adakv_snapkv", "entropy_gated_chunkkv"}) {
     SCOPED_TRACE(name);
     PressSpec o;
     o.name = name;
