@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "press/baseline_math.h"
 #include "press/policy.h"
@@ -72,7 +73,9 @@ int64_t pyramid_layer_budget(int64_t T, double ratio, int layer, int n_layer, in
 std::unique_ptr<Scorer> make_snapkv_scorer(const ModelConfig& c);
 std::unique_ptr<Scorer> make_tova_scorer(const ModelConfig& c);
 std::unique_ptr<Scorer> make_observed_attention_scorer(const ModelConfig& c);
-std::unique_ptr<Scorer> make_expected_attention_scorer(const ModelConfig& c, double epsilon);
+// use_vnorm false: the softmax scores alone, without (score + epsilon) x ||v|| (for CriticalKV, which
+// weighs values itself).
+std::unique_ptr<Scorer> make_expected_attention_scorer(const ModelConfig& c, double epsilon, bool use_vnorm = true);
 std::unique_ptr<Scorer> make_pyramidkv_scorer(const ModelConfig& c);
 // AdaKV around any scorer; the ratio policy then splits the budget as RatioScope::AdaKv.
 std::unique_ptr<Scorer> make_adakv_scorer(std::unique_ptr<Scorer> inner);
@@ -90,5 +93,20 @@ struct NonCausalOptions {
   bool pad_last_tile = false;            // kvpress 0.5.5's padding of the last partial tile (see the source)
 };
 std::unique_ptr<Scorer> make_non_causal_scorer(const ModelConfig& c, const NonCausalOptions& o);
+
+// CriticalKV (kvpress CriticalKVPress, press/scorer_critical_snapkv.cpp) around a context scorer: the best
+// max(1, int((1 - ratio) T / 2)) entries of each head kept, every other score times ||W_O^(q) v||_1.
+// wo: [layer][n_embd][n_head * head_dim], as output_projections(model) gives it.
+std::unique_ptr<Scorer> make_critical_scorer(std::unique_ptr<Scorer> inner, const ModelConfig& c,
+                                             std::vector<std::vector<float>> wo, double ratio);
+std::vector<std::vector<float>> output_projections(const Model& m);
+// CriticalAdaKV (kvpress CriticalAdaKVPress, press/scorer_critical_adakv_expected_attention.cpp) around a
+// context scorer: AdaKV's per-layer budget, then CriticalKV's two stages within each head's share.
+std::unique_ptr<Scorer> make_critical_adakv_scorer(std::unique_ptr<Scorer> inner, const ModelConfig& c,
+                                                   std::vector<std::vector<float>> wo);
+// CriticalKV's value weights for stream (l, hk): out[i] = ||W_O^(q) v_i||_1 averaged over the G query heads q
+// of the group; wo is the layer's [n_embd][n_head * head_dim].
+void projected_value_norms(const KvCache& cache, int l, int hk, const ModelConfig& c, const std::vector<float>& wo,
+                           std::vector<double>& out);
 
 }  // namespace kvzap

@@ -1,14 +1,17 @@
 // "critical_snapkv" (docs/ALGORITHMS.md §8.18, kvpress CriticalKVPress(SnapKVPress())): SnapKV scores s,
 // re-weighted by how much each value moves the residual stream. Per (layer, KV head) of T entries: the
-// int((1 - ratio) T / 2) (at least 1) best SnapKV entries are kept outright (first stage); every entry's
-// score becomes (s + 1e-4) x the L1 norm of W_O^(q) v averaged over the G query heads q of its group.
-// SnapKV's window entries enter with the layer's largest finite score + 1, as kvpress pads them.
+// int((1 - ratio) T / 2) (at least 1) best entries are kept outright (first stage); every entry's score
+// becomes (s + 1e-4) x the L1 norm of W_O^(q) v averaged over the G query heads q of its group. Entries the
+// inner press keeps (+inf: SnapKV's window) enter with the layer's largest finite score + 1, as kvpress pads
+// them. The CriticalKV step itself (make_critical_scorer) wraps any context scorer; other presses register
+// their own CriticalKV variant (press/scorer_critical_expected_attention.cpp).
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
 
 #include "kernels/matmul.h"
+#include "kvzap/error.h"
 #include "model/model.h"
 #include "press/baselines.h"
 
@@ -17,23 +20,25 @@ namespace {
 
 constexpr double kEpsilon = 1e-4, kFirstStage = 0.5;
 
-class CriticalSnapKvScorer : public SnapKvScorer {
+class CriticalScorer : public CacheContextScorer {
  public:
-  CriticalSnapKvScorer(const Model& m, double ratio) : SnapKvScorer(m.config()), ratio_(ratio) {
-    const ModelConfig& c = m.config();
-    const int E = c.n_embd, HD = c.n_head * c.head_dim;
-    wo_.resize((size_t)c.n_layer);
-    for (int l = 0; l < c.n_layer; l++) {  // W_O of each layer, dequantised: [E][n_head * D]
-      const WeightMatrix& wo = m.weights().layers[l].wo;
-      wo_[(size_t)l].resize((size_t)E * HD);
-      for (int e = 0; e < E; e++) dequantize_row(wo.type, wo.data + (size_t)e * wo.row_stride, &wo_[(size_t)l][(size_t)e * HD], HD);
-    }
+  CriticalScorer(std::unique_ptr<Scorer> inner, const ModelConfig& c, std::vector<std::vector<float>> wo, double ratio)
+      : inner_(std::move(inner)), cache_inner_(dynamic_cast<CacheScorer*>(inner_.get())), cfg_(c), ratio_(ratio),
+        wo_(std::move(wo)) {
+    if (!cache_inner_ || inner_->per_step()) throw Error("internal: CriticalKV wraps a context scorer");
+    if (dynamic_cast<BudgetSplit*>(inner_.get())) throw Error("internal: CriticalKV wraps a press with a per-head budget");
+  }
+
+  void observe_step(const LayerStep& step, const KvCache& cache) override { inner_->observe_step(step, cache); }
+  void reset() override { inner_->reset(); }
+  void set_pool(ThreadPool* pool) override {
+    CacheContextScorer::set_pool(pool);
+    cache_inner_->set_pool(pool);
   }
 
   void score_cache(const KvCache& cache, CacheScores& out) override {
-    SnapKvScorer::score_cache(cache, out);
-    const int L = cfg_.n_layer, Hkv = cfg_.n_head_kv, G = cfg_.n_group(), D = cfg_.head_dim, E = cfg_.n_embd;
-    const int HD = cfg_.n_head * D;
+    cache_inner_->score_cache(cache, out);
+    const int L = cfg_.n_layer, Hkv = cfg_.n_head_kv;
     for (int l = 0; l < L; l++) {
       if (!judged_layer(cache, l)) continue;
       float top = -std::numeric_limits<float>::infinity();
@@ -45,23 +50,8 @@ class CriticalSnapKvScorer : public SnapKvScorer {
         const int64_t T = (int64_t)s.size();
         for (float& v : s)
           if (v == std::numeric_limits<float>::infinity()) v = top + 1;
-        std::vector<float> values;
-        stream_values(cache, l, (int)hk, values);
-        std::vector<double> pn((size_t)T, 0.0);
-        for (int g = 0; g < G; g++) {
-          const int q = (int)hk * G + g;
-          for (int64_t i = 0; i < T; i++) {
-            const float* v = values.data() + (size_t)i * D;
-            double l1 = 0;
-            for (int e = 0; e < E; e++) {
-              const float* w = &wo_[(size_t)l][(size_t)e * HD + (size_t)q * D];
-              double x = 0;
-              for (int d = 0; d < D; d++) x += (double)w[d] * v[d];
-              l1 += std::fabs(x);
-            }
-            pn[(size_t)i] += l1 / G;
-          }
-        }
+        std::vector<double> pn;  // [T]
+        projected_value_norms(cache, l, (int)hk, cfg_, wo_[(size_t)l], pn);
         const int64_t first = std::max<int64_t>(1, (int64_t)((1.0 - ratio_) * (double)T * kFirstStage));
         std::vector<int64_t> order((size_t)T);
         std::iota(order.begin(), order.end(), 0);
@@ -73,14 +63,62 @@ class CriticalSnapKvScorer : public SnapKvScorer {
   }
 
  private:
+  std::unique_ptr<Scorer> inner_;
+  CacheScorer* cache_inner_;
+  ModelConfig cfg_;
   double ratio_;
   std::vector<std::vector<float>> wo_;  // [layer][E][n_head * D]
 };
 
+}  // namespace
+
+void projected_value_norms(const KvCache& cache, int l, int hk, const ModelConfig& c, const std::vector<float>& wo,
+                           std::vector<double>& out) {
+  const int G = c.n_group(), D = c.head_dim, E = c.n_embd, HD = c.n_head * c.head_dim;
+  std::vector<float> values;  // [T][D]
+  stream_values(cache, l, hk, values);
+  const int64_t T = cache.length(l, hk);
+  out.assign((size_t)T, 0.0);
+  for (int g = 0; g < G; g++) {
+    const int q = hk * G + g;
+    for (int64_t i = 0; i < T; i++) {
+      const float* v = values.data() + (size_t)i * D;
+      double l1 = 0;
+      for (int e = 0; e < E; e++) {
+        const float* w = &wo[(size_t)e * HD + (size_t)q * D];
+        double x = 0;
+        for (int d = 0; d < D; d++) x += (double)w[d] * v[d];
+        l1 += std::fabs(x);
+      }
+      out[(size_t)i] += l1 / G;
+    }
+  }
+}
+
+std::vector<std::vector<float>> output_projections(const Model& m) {
+  const ModelConfig& c = m.config();
+  const int E = c.n_embd, HD = c.n_head * c.head_dim;
+  std::vector<std::vector<float>> wo((size_t)c.n_layer);
+  for (int l = 0; l < c.n_layer; l++) {  // W_O of each layer, dequantised: [E][n_head * D]
+    const WeightMatrix& w = m.weights().layers[l].wo;
+    wo[(size_t)l].resize((size_t)E * HD);
+    for (int e = 0; e < E; e++) dequantize_row(w.type, w.data + (size_t)e * w.row_stride, &wo[(size_t)l][(size_t)e * HD], HD);
+  }
+  return wo;
+}
+
+std::unique_ptr<Scorer> make_critical_scorer(std::unique_ptr<Scorer> inner, const ModelConfig& c,
+                                             std::vector<std::vector<float>> wo, double ratio) {
+  return std::make_unique<CriticalScorer>(std::move(inner), c, std::move(wo), ratio);
+}
+
+namespace {
 RegisterScorer reg({"critical_snapkv",
                     "CriticalKV(SnapKV): the best half of SnapKV's budget kept, the rest by (SnapKV + 1e-4) x "
                     "||W_O v||_1 (mean over the group)",
-                    false, [](const PressSpec& o, const Model& m) { return std::make_unique<CriticalSnapKvScorer>(m, o.ratio); },
+                    false, [](const PressSpec& o, const Model& m) {
+                      return make_critical_scorer(make_snapkv_scorer(m.config()), m.config(), output_projections(m), o.ratio);
+                    },
                     {.min_context_tokens = kSnapKvWindow,
                      .kvpress_parity = "exact (kvpress CriticalKVPress(SnapKVPress))"}});
 

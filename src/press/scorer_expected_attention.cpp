@@ -9,6 +9,8 @@
 // with RoPE undone, which is the same for models without QK-norm and also defined for Qwen3 (which
 // kvpress rejects). Registry: "expected_attention" is AdaKV(ExpectedAttention, epsilon 1e-2) as in the
 // kvpress leaderboard registry; "expected_attention_uniform" is the bare scorer (epsilon 1e-2).
+// Without use_vnorm (kvpress use_vnorm=False, for the CriticalKV presses) the score is the group's mean
+// softmax alone.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -25,8 +27,8 @@ constexpr int kFuturePositions = 512;
 
 class ExpectedAttentionScorer : public CacheContextScorer {
  public:
-  ExpectedAttentionScorer(const ModelConfig& c, double epsilon)
-      : cfg_(c), epsilon_(epsilon), rope_(c), s1_((size_t)c.n_layer), s2_((size_t)c.n_layer), n_((size_t)c.n_layer, 0) {
+  ExpectedAttentionScorer(const ModelConfig& c, double epsilon, bool use_vnorm)
+      : cfg_(c), epsilon_(epsilon), use_vnorm_(use_vnorm), rope_(c), s1_((size_t)c.n_layer), s2_((size_t)c.n_layer), n_((size_t)c.n_layer, 0) {
     const size_t H = (size_t)c.n_head, D = (size_t)c.head_dim;
     for (int l = 0; l < c.n_layer; l++) {
       s1_[(size_t)l].assign(H * D, 0.0);
@@ -130,6 +132,10 @@ class ExpectedAttentionScorer : public CacheContextScorer {
       }
       std::vector<float>& s = out[(size_t)l][(size_t)hk];
       for (int64_t i = 0; i < n; i++) {
+        if (!use_vnorm_) {
+          s[(size_t)(kSinks + i)] = acc[(size_t)i] / (float)G;
+          continue;
+        }
         const float* v = values.data() + (size_t)(kSinks + i) * D;
         double vn = 0;
         for (int a = 0; a < D; a++) vn += (double)v[a] * v[a];
@@ -170,6 +176,7 @@ class ExpectedAttentionScorer : public CacheContextScorer {
 
   ModelConfig cfg_;
   double epsilon_;
+  bool use_vnorm_;  // false: no (score + epsilon) x ||v|| (CriticalKV weighs the values itself)
   RopeTable rope_;
   std::vector<std::vector<double>> s1_;  // [layer][n_head][D]: sum of pre-RoPE queries
   std::vector<std::vector<double>> s2_;  // [layer][n_head][D][D]: sum of q q^T
@@ -178,8 +185,8 @@ class ExpectedAttentionScorer : public CacheContextScorer {
 
 }  // namespace
 
-std::unique_ptr<Scorer> make_expected_attention_scorer(const ModelConfig& c, double epsilon) {
-  return std::make_unique<ExpectedAttentionScorer>(c, epsilon);
+std::unique_ptr<Scorer> make_expected_attention_scorer(const ModelConfig& c, double epsilon, bool use_vnorm) {
+  return std::make_unique<ExpectedAttentionScorer>(c, epsilon, use_vnorm);
 }
 
 namespace {

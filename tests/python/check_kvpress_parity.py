@@ -97,6 +97,12 @@ def presses():
     add("non_causal_attn", "head", lambda r: K.NonCausalAttnPress(compression_ratio=r))
     add("adakv_non_causal_attn", "adakv", lambda r: K.AdaKVPress(K.NonCausalAttnPress(compression_ratio=r)))
     add("critical_snapkv", "head", lambda r: K.CriticalKVPress(sn(compression_ratio=r)))
+    add("critical_expected_attention", "head",
+        lambda r: K.CriticalKVPress(K.ExpectedAttentionPress(compression_ratio=r, use_vnorm=False)))
+    add("critical_adakv_expected_attention", "adakv",
+        lambda r: K.CriticalAdaKVPress(K.ExpectedAttentionPress(compression_ratio=r, use_vnorm=False)))
+    add("critical_adakv_snapkv", "adakv", lambda r: K.CriticalAdaKVPress(sn(compression_ratio=r)))
+    add("entropy_gated_chunkkv", "head", lambda r: K.EntropyGatedChunkKVPress(press=sn(compression_ratio=r)))
     add("block_keydiff", "head", lambda r: K.BlockPress(press=K.KeyDiffPress(compression_ratio=r), block_size=128))
     add("cap", "head", lambda r: K.CapPress(compression_ratio=r))
     add("adakv_cap", "adakv", lambda r: K.AdaKVPress(K.CapPress(compression_ratio=r)))
@@ -104,6 +110,8 @@ def presses():
         why="kvpress draws its Gaussian sketch unseeded from torch's generator, kvzap from PressSpec::seed")
     add("adakv_compactor", "adakv", lambda r: K.AdaKVPress(K.CompactorPress(compression_ratio=r)), expect="report",
         why="as compactor")
+    add("leverage_score", "head", lambda r: K.LeverageScorePress(compression_ratio=r), expect="report",
+        why="kvpress draws its Gaussian sketch unseeded from torch's generator, kvzap from PressSpec::seed")
     # Negative control: a different press must be told apart (the comparison can fail).
     add("knorm", "head", lambda r: K.KeyDiffPress(compression_ratio=r), expect="differ",
         why="negative control", variant="against kvpress KeyDiffPress")

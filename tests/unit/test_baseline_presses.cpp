@@ -454,7 +454,7 @@ TEST(BaselineScorers, ExpectedAttentionUsesRotatedQueryStatisticsAndValueNorms) 
         R[(size_t)(b * D + a)] += std::sin(th) / 512;
         R[(size_t)(b * D + b)] += std::cos(th) / 512;
       }
-    Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)c.n_head_kv));
+    Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)c.n_head_kv)), plain = want;
     for (int l = 0; l < c.n_layer; l++)
       for (int hk = 0; hk < c.n_head_kv; hk++) {
         std::vector<double> acc((size_t)T, 0.0);
@@ -493,11 +493,60 @@ TEST(BaselineScorers, ExpectedAttentionUsesRotatedQueryStatisticsAndValueNorms) 
         std::vector<double> s((size_t)T, INFINITY);
         for (int64_t i = 4; i < T; i++) s[(size_t)i] = (acc[(size_t)i] + eps) * std::sqrt(dot(x.value(l, hk, i), x.value(l, hk, i), D));
         want[(size_t)l][(size_t)hk] = s;
+        for (int64_t i = 4; i < T; i++) s[(size_t)i] = acc[(size_t)i];  // use_vnorm off: the softmax alone
+        plain[(size_t)l][(size_t)hk] = s;
       }
     for (int64_t step : {T, (int64_t)11}) {
       auto s = make_expected_attention_scorer(c, eps);
       expect_scores_near(run_scorer(*s, x, step), want, 2e-3, "expected_attention");
+      auto p = make_expected_attention_scorer(c, eps, /*use_vnorm=*/false);
+      expect_scores_near(run_scorer(*p, x, step), plain, 2e-3, "expected_attention without vnorm");
     }
+  }
+}
+
+TEST(BaselineScorers, CriticalKvKeepsHalfTheBudgetThenWeighsByTheOutputProjectedValues) {
+  // kvpress CriticalKVPress around ExpectedAttention without ||v|| (critical_expected_attention), with a
+  // random W_O: the inner scores come from the scorer checked above; the CriticalKV step is written out here.
+  const ModelConfig c = small_config();
+  const int64_t T = 90;
+  const Context x = make_context(c, T, 31, /*rope=*/true, 0.7f);
+  const int D = c.head_dim, G = c.n_group(), E = c.n_embd, HD = c.n_head * c.head_dim;
+  std::mt19937 rng(77);
+  std::normal_distribution<float> nd(0.0f, 0.3f);
+  std::vector<std::vector<float>> wo((size_t)c.n_layer, std::vector<float>((size_t)E * HD));  // [layer][E][n_head * D]
+  for (auto& w : wo)
+    for (float& v : w) v = nd(rng);
+  for (double ratio : {0.5, 0.25}) {
+    auto inner = make_expected_attention_scorer(c, 1e-2, /*use_vnorm=*/false);
+    const CacheScores s0 = run_scorer(*inner, x, T);
+    Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)c.n_head_kv));
+    for (int l = 0; l < c.n_layer; l++) {
+      double top = -INFINITY;  // the sinks enter with the layer's largest score + 1
+      for (const auto& h : s0[(size_t)l])
+        for (float v : h)
+          if (std::isfinite(v)) top = std::max(top, (double)v);
+      for (int hk = 0; hk < c.n_head_kv; hk++) {
+        std::vector<double> s((size_t)T);
+        for (int64_t i = 0; i < T; i++) s[(size_t)i] = std::isinf(s0[(size_t)l][(size_t)hk][(size_t)i]) ? (double)(float)(top + 1) : s0[(size_t)l][(size_t)hk][(size_t)i];
+        const int64_t first = std::max<int64_t>(1, (int64_t)((1.0 - ratio) * (double)T * 0.5));
+        const std::vector<int32_t> best = top_slots(s, first);
+        std::vector<double>& w = want[(size_t)l][(size_t)hk];
+        for (int64_t i = 0; i < T; i++) {
+          double pn = 0;  // mean over the group of ||W_O^(q) v_i||_1
+          for (int g = 0; g < G; g++)
+            for (int e = 0; e < E; e++) {
+              double y = 0;
+              for (int d = 0; d < D; d++) y += (double)wo[(size_t)l][(size_t)(e * HD + (hk * G + g) * D + d)] * x.value(l, hk, i)[d];
+              pn += std::fabs(y) / G;
+            }
+          w.push_back((s[(size_t)i] + 1e-4) * pn);
+        }
+        for (int32_t i : best) w[(size_t)i] = INFINITY;
+      }
+    }
+    auto s = make_critical_scorer(make_expected_attention_scorer(c, 1e-2, false), c, wo, ratio);
+    expect_scores_near(run_scorer(*s, x, T), want, 1e-4, "critical_expected_attention", 1e-7);
   }
 }
 
@@ -597,6 +646,50 @@ TEST(BaselineScorers, CurMultipliesWindowNormalisedKeyAndValueEnergies) {
   expect_scores_near(run_scorer(*s, x, T), want, 1e-5, "cur");
 }
 
+// Leverage of the pre-RoPE keys of slots [first, first + n) of stream (l, hk) (the cached keys rotated
+// back), centred, through the sketch phi [D][k]: x_i^T (X^T X + 0.01 I)^-1 x_i with the inverse by
+// Gauss-Jordan (kvpress LeverageScorePress's definition, its first jitter).
+std::vector<double> naive_leverage(const Context& x, int l, int hk, int64_t first, int64_t n, const std::vector<double>& phi, int k) {
+  const ModelConfig& c = x.c;
+  const int D = c.head_dim;
+  std::vector<double> K((size_t)(n * D)), mean((size_t)D, 0.0);
+  for (int64_t i = 0; i < n; i++) {
+    std::vector<float> key(x.key(l, hk, first + i), x.key(l, hk, first + i) + D);
+    rotate(c, key.data(), first + i, -1.0);
+    for (int d = 0; d < D; d++) K[(size_t)(i * D + d)] = key[(size_t)d], mean[(size_t)d] += key[(size_t)d] / (double)n;
+  }
+  std::vector<double> X((size_t)(n * k), 0.0);
+  for (int64_t i = 0; i < n; i++)
+    for (int d = 0; d < D; d++)
+      for (int j = 0; j < k; j++) X[(size_t)(i * k + j)] += (K[(size_t)(i * D + d)] - mean[(size_t)d]) * phi[(size_t)(d * k + j)];
+  std::vector<double> A((size_t)(k * 2 * k), 0.0);  // [G + 0.01 I | I] -> [I | (G + 0.01 I)^-1]
+  for (int a = 0; a < k; a++) {
+    for (int b = 0; b < k; b++) {
+      double s = a == b ? 1e-2 : 0.0;
+      for (int64_t i = 0; i < n; i++) s += X[(size_t)(i * k + a)] * X[(size_t)(i * k + b)];
+      A[(size_t)(a * 2 * k + b)] = s;
+    }
+    A[(size_t)(a * 2 * k + k + a)] = 1;
+  }
+  for (int col = 0; col < k; col++) {
+    const double p = A[(size_t)(col * 2 * k + col)];
+    for (int cc = 0; cc < 2 * k; cc++) A[(size_t)(col * 2 * k + cc)] /= p;
+    for (int r = 0; r < k; r++)
+      if (r != col) {
+        const double f = A[(size_t)(r * 2 * k + col)];
+        for (int cc = 0; cc < 2 * k; cc++) A[(size_t)(r * 2 * k + cc)] -= f * A[(size_t)(col * 2 * k + cc)];
+      }
+  }
+  std::vector<double> out((size_t)n);
+  for (int64_t i = 0; i < n; i++) {
+    double s = 0;
+    for (int a = 0; a < k; a++)
+      for (int b = 0; b < k; b++) s += X[(size_t)(i * k + a)] * A[(size_t)(a * 2 * k + k + b)] * X[(size_t)(i * k + b)];
+    out[(size_t)i] = std::max(0.0, s);
+  }
+  return out;
+}
+
 TEST(BaselineScorers, CompactorBlendsLeverageAndTiledNonCausalAttention) {
   const ModelConfig c = small_config();
   const int64_t T = 8 + 256 + 90 + 4;  // one full tile and a partial one between the protected ends
@@ -609,44 +702,7 @@ TEST(BaselineScorers, CompactorBlendsLeverageAndTiledNonCausalAttention) {
   for (int l = 0; l < c.n_layer; l++) {
     std::vector<std::vector<double>> lev((size_t)Hkv, std::vector<double>((size_t)S)), att = lev;
     for (int hk = 0; hk < Hkv; hk++) {
-      // Leverage of the pre-RoPE keys (the cached f16 keys rotated back) through the sketch, by a direct inverse.
-      std::vector<double> K((size_t)(S * D)), mean((size_t)D, 0.0);
-      for (int64_t i = 0; i < S; i++) {
-        std::vector<float> k(x.key(l, hk, left + i), x.key(l, hk, left + i) + D);
-        rotate(c, k.data(), left + i, -1.0);
-        for (int d = 0; d < D; d++) K[(size_t)(i * D + d)] = k[(size_t)d], mean[(size_t)d] += k[(size_t)d] / (double)S;
-      }
-      const std::vector<double> phi = gaussian_sketch(seed, l, hk, D, 48);
-      std::vector<double> X((size_t)(S * 48), 0.0);
-      for (int64_t i = 0; i < S; i++)
-        for (int d = 0; d < D; d++)
-          for (int j = 0; j < 48; j++) X[(size_t)(i * 48 + j)] += (K[(size_t)(i * D + d)] - mean[(size_t)d]) * phi[(size_t)(d * 48 + j)];
-      // (X^T X + 0.01 I)^-1 by Gauss-Jordan.
-      const int k = 48;
-      std::vector<double> A((size_t)(k * 2 * k), 0.0);
-      for (int a = 0; a < k; a++) {
-        for (int b = 0; b < k; b++) {
-          double s = a == b ? 1e-2 : 0.0;
-          for (int64_t i = 0; i < S; i++) s += X[(size_t)(i * k + a)] * X[(size_t)(i * k + b)];
-          A[(size_t)(a * 2 * k + b)] = s;
-        }
-        A[(size_t)(a * 2 * k + k + a)] = 1;
-      }
-      for (int col = 0; col < k; col++) {
-        const double p = A[(size_t)(col * 2 * k + col)];
-        for (int cc = 0; cc < 2 * k; cc++) A[(size_t)(col * 2 * k + cc)] /= p;
-        for (int r = 0; r < k; r++)
-          if (r != col) {
-            const double f = A[(size_t)(r * 2 * k + col)];
-            for (int cc = 0; cc < 2 * k; cc++) A[(size_t)(r * 2 * k + cc)] -= f * A[(size_t)(col * 2 * k + cc)];
-          }
-      }
-      for (int64_t i = 0; i < S; i++) {
-        double s = 0;
-        for (int a = 0; a < k; a++)
-          for (int b = 0; b < k; b++) s += X[(size_t)(i * k + a)] * A[(size_t)(a * 2 * k + k + b)] * X[(size_t)(i * k + b)];
-        lev[(size_t)hk][(size_t)i] = s;
-      }
+      lev[(size_t)hk] = naive_leverage(x, l, hk, left, S, gaussian_sketch(seed, l, hk, D, 48), 48);
       // Non-causal attention within tiles [8, 264) and [264, T - 4), unscaled logits.
       std::vector<double> a((size_t)S, 0.0);
       for (int64_t t0 = left; t0 < T - right; t0 += 256) {
@@ -674,6 +730,34 @@ TEST(BaselineScorers, CompactorBlendsLeverageAndTiledNonCausalAttention) {
   for (int64_t step : std::vector<int64_t>{T, 100, 37, 1}) {
     auto s = make_compactor_scorer(c, blend, seed);
     expect_scores_near(run_scorer(*s, x, step), want, 2e-3, "compactor", 2e-3);
+  }
+}
+
+}  // namespace
+namespace kvzap {
+std::unique_ptr<Scorer> make_leverage_score_scorer(const ModelConfig& c, uint64_t seed);  // press/scorer_leverage_score.cpp
+}  // namespace kvzap
+namespace {
+
+TEST(BaselineScorers, LeverageScoreIsSketchedPreRopeKeyLeverageZScoredPerLayer) {
+  // kvpress LeverageScorePress: every position scored (no protected ends), z-scored over the layer.
+  const ModelConfig c = small_config();
+  const int64_t T = 150;
+  const Context x = make_context(c, T, 21, /*rope=*/true, 0.5f);
+  const int Hkv = c.n_head_kv;
+  const uint64_t seed = 9;
+  Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)Hkv));
+  for (int l = 0; l < c.n_layer; l++) {
+    std::vector<double*> ptrs;
+    for (int hk = 0; hk < Hkv; hk++) {
+      want[(size_t)l][(size_t)hk] = naive_leverage(x, l, hk, 0, T, gaussian_sketch(seed, l, hk, c.head_dim, 48), 48);
+      ptrs.push_back(want[(size_t)l][(size_t)hk].data());
+    }
+    naive_zscore(ptrs, (size_t)T);
+  }
+  for (int64_t step : {T, (int64_t)16}) {
+    auto s = make_leverage_score_scorer(c, seed);
+    expect_scores_near(run_scorer(*s, x, step), want, 2e-3, "leverage_score", 2e-3);
   }
 }
 
@@ -965,6 +1049,149 @@ TEST(BaselineBudgets, AdaKvWrapperAndChunkKvUnderTheRatioPolicy) {
   }
 }
 
+
+TEST(BaselineBudgets, CriticalAdaKvSplitsTheLayerBudgetThenKeepsHalfOfEachHeadsShareOutright) {
+  // kvpress CriticalAdaKVPress around ExpectedAttention without ||v||, written out per layer: safeguards,
+  // per-head budgets from the layer's best n H, a first stage of half each budget, then (s + 1e-4) x pn.
+  const ModelConfig c = small_config();
+  const int64_t T = 90;
+  const Context x = make_context(c, T, 41, /*rope=*/true, 0.7f);
+  const int D = c.head_dim, G = c.n_group(), E = c.n_embd, HD = c.n_head * c.head_dim, H = c.n_head_kv;
+  std::mt19937 rng(78);
+  std::normal_distribution<float> nd(0.0f, 0.3f);
+  std::vector<std::vector<float>> wo((size_t)c.n_layer, std::vector<float>((size_t)E * HD));  // [layer][E][n_head * D]
+  for (auto& w : wo)
+    for (float& v : w) v = nd(rng);
+  auto inner = make_expected_attention_scorer(c, 1e-2, /*use_vnorm=*/false);
+  const CacheScores s0 = run_scorer(*inner, x, T);
+  bool uneven = false;  // somewhere the heads' budgets differ (else this would be the head scope)
+  for (double ratio : {0.5, 0.8}) {
+    SCOPED_TRACE(ratio);
+    const int64_t n = std::max<int64_t>(1, (int64_t)((double)T * (1.0 - ratio)));
+    const int64_t n_safe = std::max<int64_t>(1, (int64_t)((double)n * 0.2));
+    const double big = 1e30;  // stands for kvpress's finfo.max
+    std::vector<std::vector<std::vector<int32_t>>> want((size_t)c.n_layer);
+    for (int l = 0; l < c.n_layer; l++) {
+      double top = -INFINITY;
+      for (const auto& h : s0[(size_t)l])
+        for (float v : h)
+          if (std::isfinite(v)) top = std::max(top, (double)v);
+      std::vector<std::vector<double>> s((size_t)H, std::vector<double>((size_t)T));
+      std::vector<std::pair<double, int>> all;
+      for (int h = 0; h < H; h++) {
+        for (int64_t i = 0; i < T; i++) {
+          const float v = s0[(size_t)l][(size_t)h][(size_t)i];
+          s[(size_t)h][(size_t)i] = std::isinf(v) ? (double)(float)(top + 1) : v;
+        }
+        for (int32_t i : top_slots(s[(size_t)h], n_safe)) s[(size_t)h][(size_t)i] = big;
+        for (int64_t i = 0; i < T; i++) all.push_back({s[(size_t)h][(size_t)i], h});
+      }
+      std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+      std::vector<int64_t> budget((size_t)H, 0);
+      for (int64_t i = 0; i < n * H; i++) budget[(size_t)all[(size_t)i].second]++;
+      int64_t total = 0;
+      for (int h = 0; h < H; h++) {
+        total += budget[(size_t)h];
+        EXPECT_GE(budget[(size_t)h], n_safe);
+        for (int32_t i : top_slots(s[(size_t)h], budget[(size_t)h] / 2)) s[(size_t)h][(size_t)i] = big;
+        std::vector<double> y((size_t)T);
+        for (int64_t i = 0; i < T; i++) {
+          double pn = 0;
+          for (int g = 0; g < G; g++)
+            for (int e = 0; e < E; e++) {
+              double v = 0;
+              for (int d = 0; d < D; d++) v += (double)wo[(size_t)l][(size_t)(e * HD + (h * G + g) * D + d)] * x.value(l, h, i)[d];
+              pn += std::fabs(v) / G;
+            }
+          y[(size_t)i] = s[(size_t)h][(size_t)i] >= big ? INFINITY : (s[(size_t)h][(size_t)i] + 1e-4) * pn;
+        }
+        want[(size_t)l].push_back(top_slots(y, budget[(size_t)h]));
+      }
+      EXPECT_EQ(total, n * H);
+      uneven |= budget[0] != budget[1];
+    }
+    const auto kept = run_ratio(make_critical_adakv_scorer(make_expected_attention_scorer(c, 1e-2, false), c, wo), x,
+                                ratio, "head");  // its own budget: the scope does not apply
+    EXPECT_EQ(kept, want);
+  }
+  EXPECT_TRUE(uneven);
+}
+
+}  // namespace
+namespace kvzap {
+std::unique_ptr<Scorer> make_entropy_gated_chunkkv_scorer(const ModelConfig& c);  // press/scorer_entropy_gated_chunkkv.cpp
+}  // namespace kvzap
+namespace {
+
+TEST(BaselineBudgets, EntropyGatedChunkKvKeepsSpikyChunksOnlyInPartAndTopsUpTheBudget) {
+  // kvpress EntropyGatedChunkKVPress(SnapKVPress, chunk_length 10, 4 slots from a spiky chunk), written out
+  // on the SnapKV scores (checked above): the same kept slots in every head.
+  const ModelConfig c = small_config();
+  const int64_t T = 137;  // 13 chunks of 10 and one of 7
+  const Context x = make_context(c, T, 51, /*rope=*/true, 2.0f);
+  const int H = c.n_head_kv;
+  auto snap = make_snapkv_scorer(c);
+  const CacheScores sn = run_scorer(*snap, x, T);
+  int n_spiky = 0, n_topped_up = 0;
+  for (double ratio : {0.5, 0.8, 0.05}) {  // 0.05: every chunk taken, the top-up spends what the gate saved
+    SCOPED_TRACE(ratio);
+    std::vector<std::vector<std::vector<int32_t>>> want((size_t)c.n_layer);
+    for (int l = 0; l < c.n_layer; l++) {
+      double top = -INFINITY;
+      for (const auto& h : sn[(size_t)l])
+        for (float v : h)
+          if (std::isfinite(v)) top = std::max(top, (double)v);
+      std::vector<double> s((size_t)T, 0.0);
+      for (int h = 0; h < H; h++)
+        for (int64_t i = 0; i < T; i++) {
+          const float v = sn[(size_t)l][(size_t)h][(size_t)i];
+          s[(size_t)i] += std::isinf(v) ? (double)(float)top + 1 : v;
+        }
+      std::vector<double> mean, ent;
+      for (int64_t c0 = 0; c0 < T; c0 += 10) {
+        const int64_t c1 = std::min(T, c0 + 10);
+        std::vector<double> p(s.begin() + c0, s.begin() + c1);
+        mean.push_back(std::accumulate(p.begin(), p.end(), 0.0) / (double)p.size());
+        const double lo = std::min(0.0, *std::min_element(p.begin(), p.end()));
+        double sum = 0, e = 0;
+        for (double& v : p) sum += (v -= lo);
+        for (double v : p) e -= v / (sum + 1e-8) * std::log(v / (sum + 1e-8) + 1e-8);
+        ent.push_back(p.size() == 1 ? 0.0 : std::clamp(e / std::log((double)p.size()), 0.0, 1.0));
+      }
+      auto lower_median = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[(v.size() - 1) / 2]; };
+      const double m_score = lower_median(mean), m_ent = lower_median(ent);
+      std::vector<int32_t> chunks(mean.size());
+      std::iota(chunks.begin(), chunks.end(), 0);
+      std::stable_sort(chunks.begin(), chunks.end(), [&](int32_t a, int32_t b) { return mean[(size_t)a] > mean[(size_t)b]; });
+      int64_t budget = (int64_t)((double)T * (1.0 - ratio));
+      std::set<int32_t> keep;
+      for (int32_t ch : chunks) {
+        if (budget <= 0) break;
+        const int64_t c0 = ch * 10, c1 = std::min(T, c0 + 10);
+        int64_t n = std::min(c1 - c0, budget);
+        if (mean[(size_t)ch] >= m_score && ent[(size_t)ch] < m_ent) n = std::min<int64_t>(n, 4), n_spiky++;
+        // Ties (the window's slots): the earlier slot first, as the press breaks them.
+        std::vector<int32_t> idx((size_t)(c1 - c0));
+        std::iota(idx.begin(), idx.end(), (int32_t)c0);
+        std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return s[(size_t)a] > s[(size_t)b]; });
+        for (int64_t r = 0; r < n; r++) keep.insert(idx[(size_t)r]);
+        budget -= n;
+      }
+      n_topped_up += budget > 0;
+      std::vector<int32_t> left;
+      for (int32_t i = 0; i < (int32_t)T; i++)
+        if (!keep.count(i)) left.push_back(i);
+      std::stable_sort(left.begin(), left.end(), [&](int32_t a, int32_t b) { return s[(size_t)a] > s[(size_t)b]; });
+      for (int64_t r = 0; r < std::min<int64_t>(budget, (int64_t)left.size()); r++) keep.insert(left[(size_t)r]);
+      EXPECT_EQ((int64_t)keep.size(), (int64_t)((double)T * (1.0 - ratio)));
+      for (int h = 0; h < H; h++) want[(size_t)l].push_back(std::vector<int32_t>(keep.begin(), keep.end()));
+    }
+    EXPECT_EQ(run_ratio(make_entropy_gated_chunkkv_scorer(c), x, ratio, "global"), want);  // the scope does not apply
+  }
+  EXPECT_GT(n_spiky, 0);  // the gate did cut some chunk short
+  EXPECT_GT(n_topped_up, 0);
+}
+
 TEST(BaselineBudgets, ProtectedEntriesSurviveEvenAGlobalBudget) {
   const ModelConfig c = small_config();
   const Context x = make_context(c, 120, 15);
@@ -1017,7 +1244,9 @@ TEST_F(BaselinesWithModel, RegistryHoldsEveryBaselineButNotNoPress) {
   }
   for (const char* n : {"snapkv", "tova", "observed_attention", "expected_attention", "expected_attention_uniform",
                         "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur", "compactor",
-                        "non_causal_attn", "cap", "block_keydiff", "critical_snapkv"})
+                        "non_causal_attn", "cap", "block_keydiff", "critical_snapkv", "leverage_score", "critical_expected_attention",
+                        "critical_adakv_expected_attention", "critical_adakv_snapkv",
+                        "entropy_gated_chunkkv"})
     EXPECT_TRUE(names.count(n)) << n;
   EXPECT_FALSE(names.count("no_press"));
   PressSpec o;
@@ -1080,7 +1309,9 @@ TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
   const std::vector<int32_t> question = model_->tokenizer().encode(" How many boats were counted at dawn?", false);
   for (const char* name : {"snapkv", "tova", "observed_attention", "expected_attention", "expected_attention_uniform",
                            "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur",
-                           "compactor", "adakv_keydiff", "non_causal_attn", "cap", "block_keydiff", "critical_snapkv"}) {
+                           "compactor", "adakv_keydiff", "non_causal_attn", "cap", "block_keydiff", "critical_snapkv",
+                           "leverage_score", "critical_expected_attention", "critical_adakv_expected_attention",
+                           "critical_adakv_snapkv", "entropy_gated_chunkkv"}) {
     if (!test::press_selected(name)) continue;
     SCOPED_TRACE(name);
     PressSpec o;
@@ -1104,12 +1335,14 @@ TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
     for (int l = 0; l < c.n_layer; l++)
       for (int h = 0; h < c.n_head_kv; h++) {
         const int64_t len = s.cache().length(l, h);
-        if (n == "snapkv" || n == "tova" || n == "pyramidkv" || n == "adakv_snapkv" || n == "critical_snapkv")
+        if (n == "snapkv" || n == "tova" || n == "pyramidkv" || n == "adakv_snapkv" || n == "critical_snapkv" ||
+            n == "critical_adakv_snapkv")
           EXPECT_EQ(s.cache().position_at(l, h, len - 1), T - 1);
         // CriticalKV's first stage (int(150 / 2) = 75 entries) takes SnapKV's window whole.
         if (n == "snapkv" || n == "adakv_snapkv" || n == "critical_snapkv")
           EXPECT_EQ(s.cache().position_at(l, h, len - 64), T - 64);
-        if (n == "expected_attention_uniform" || n == "cur" || n == "compactor" || n == "cap")
+        if (n == "expected_attention_uniform" || n == "cur" || n == "compactor" || n == "cap" ||
+            n == "critical_expected_attention" || n == "critical_adakv_expected_attention")
           EXPECT_EQ(s.cache().position_at(l, h, 3), 3);
       }
     GenerateOptions g;
