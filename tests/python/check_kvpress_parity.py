@@ -68,8 +68,10 @@ def presses():
     ea = lambda: K.ExpectedAttentionPress(epsilon=1e-2)  # noqa: E731  (kvzap's epsilon: kvpress's leaderboard setting)
     P = []
 
-    def add(name, scope, make, attn="sdpa", expect="exact", why="", variant=""):
-        P.append(dict(name=name, scope=scope, make=make, attn=attn, expect=expect, why=why, variant=variant))
+    def add(name, scope, make, attn="sdpa", expect="exact", why="", variant="", params=None):
+        # params: the press's own kvpress arguments, given to kvzap as --press-param NAME=VALUE.
+        P.append(dict(name=name, scope=scope, make=make, attn=attn, expect=expect, why=why, variant=variant,
+                      params=params or {}))
 
     add("knorm", "head", lambda r: K.KnormPress(compression_ratio=r))
     add("streaming_llm", "head", lambda r: K.StreamingLLMPress(compression_ratio=r))
@@ -112,6 +114,11 @@ def presses():
         why="as compactor")
     add("leverage_score", "head", lambda r: K.LeverageScorePress(compression_ratio=r), expect="report",
         why="kvpress draws its Gaussian sketch unseeded from torch's generator, kvzap from PressSpec::seed")
+    # kvpress's own arguments, away from their defaults.
+    add("snapkv", "head", lambda r: sn(compression_ratio=r, window_size=24, kernel_size=3),
+        variant="window_size=24 kernel_size=3", params={"window_size": 24, "kernel_size": 3})
+    add("streaming_llm", "head", lambda r: K.StreamingLLMPress(compression_ratio=r, n_sink=9),
+        variant="n_sink=9", params={"n_sink": 9})
     # Negative control: a different press must be told apart (the comparison can fail).
     add("knorm", "head", lambda r: K.KeyDiffPress(compression_ratio=r), expect="differ",
         why="negative control", variant="against kvpress KeyDiffPress")
@@ -349,13 +356,15 @@ def read_cache_file(path):
     return kept
 
 
-def kvzap_run(d, text, name, scope, tmp, n_answer):
+def kvzap_run(d, text, name, scope, tmp, n_answer, params=None):
     cache, ctx = os.path.join(tmp, "kvzap.cache"), os.path.join(tmp, "context.txt")
     with open(ctx, "w", encoding="utf-8") as f:
         f.write(text)
     args = [kvzap_bin(), "generate", "-m", d, "--context-file", ctx, "--question", QUESTION, "--chat",
             "--press", name, "--ratio", str(RATIO), "--ratio-scope", scope, "--temp", "0", "-n", str(n_answer),
             "--json", "--kept-positions", "--kv-type", "f32", "-c", "4096", "-t", "2", "--save-cache", cache]
+    for k, v in (params or {}).items():
+        args += ["--press-param", "%s=%s" % (k, v)]
     p = subprocess.run(args, capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError("kvzap generate --press %s failed: %s" % (name, p.stderr.strip()[-600:]))
@@ -410,7 +419,7 @@ def main():
                 tie_heads, tie_contexts, answer_diff_contexts = 0, set(), set()
                 try:
                     for c, (text, ids) in enumerate(zip(texts, ctx_ids)):
-                        k_ids, k_kept, k_answer = kvzap_run(d, text, P["name"], P["scope"], tmp, N_ANSWER)
+                        k_ids, k_kept, k_answer = kvzap_run(d, text, P["name"], P["scope"], tmp, N_ANSWER, P["params"])
                         if k_ids is not None and k_ids != ids:
                             raise RuntimeError("context %d: kvzap's token ids differ from the tokenizer's" % c)
                         torch.manual_seed(0)
