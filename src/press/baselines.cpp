@@ -21,6 +21,11 @@ void CacheContextScorer::parallel_for(int64_t n, const std::function<void(int64_
 
 int CacheContextScorer::n_threads() const { return pool_ ? pool_->size() : 1; }
 
+WrappedContextScorer::WrappedContextScorer(std::unique_ptr<Scorer> inner, const char* what)
+    : inner_(std::move(inner)), cache_inner_(dynamic_cast<CacheScorer*>(inner_.get())) {
+  if (!cache_inner_ || inner_->per_step()) throw Error(std::string("internal: ") + what + " wraps a whole-context scorer");
+}
+
 int64_t require_full_context(const KvCache& cache, const char* press) {
   const int64_t T = cache.n_past();
   for (int l = 0; l < cache.n_layer(); l++)

@@ -38,6 +38,24 @@ class CacheContextScorer : public Scorer, public CacheScorer {
   ThreadPool* pool_ = nullptr;
 };
 
+// A context scorer built on another's scores (CriticalKV, CriticalAdaKV): the inner scorer watches the
+// prefill and shares the pool; score_cache starts from inner_->score_cache. `what` names the wrapper in
+// the error thrown when inner is not a whole-context CacheScorer.
+class WrappedContextScorer : public CacheContextScorer {
+ public:
+  WrappedContextScorer(std::unique_ptr<Scorer> inner, const char* what);
+  void observe_step(const LayerStep& step, const KvCache& cache) override { inner_->observe_step(step, cache); }
+  void reset() override { inner_->reset(); }
+  void set_pool(ThreadPool* pool) override {
+    CacheContextScorer::set_pool(pool);
+    cache_inner_->set_pool(pool);
+  }
+
+ protected:
+  std::unique_ptr<Scorer> inner_;
+  CacheScorer* cache_inner_;  // inner_ as a CacheScorer
+};
+
 // Every judged stream must hold the whole context (positions 0..n_past-1): the ratio presses score before
 // anything is evicted. Throws kvzap::Error naming `press` otherwise. Returns n_past.
 int64_t require_full_context(const KvCache& cache, const char* press);

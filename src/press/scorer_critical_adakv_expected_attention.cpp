@@ -23,19 +23,12 @@ namespace {
 constexpr double kEpsilon = 1e-4, kFirstStage = 0.5, kSafeguard = 0.2;
 constexpr float kProtected = std::numeric_limits<float>::max();  // what kvpress writes (finfo.max)
 
-class CriticalAdaKvScorer : public CacheContextScorer, public BudgetSplit {
+class CriticalAdaKvScorer : public WrappedContextScorer, public BudgetSplit {
  public:
   CriticalAdaKvScorer(std::unique_ptr<Scorer> inner, const ModelConfig& c, std::vector<std::vector<float>> wo)
-      : inner_(std::move(inner)), cache_inner_(dynamic_cast<CacheScorer*>(inner_.get())), cfg_(c), wo_(std::move(wo)) {}
+      : WrappedContextScorer(std::move(inner), "CriticalAdaKV"), cfg_(c), wo_(std::move(wo)) {}
 
   std::string budget_name() const override { return "critical adakv"; }
-  void observe_step(const LayerStep& step, const KvCache& cache) override { inner_->observe_step(step, cache); }
-  void reset() override { inner_->reset(); }
-  void set_pool(ThreadPool* pool) override {
-    CacheContextScorer::set_pool(pool);
-    cache_inner_->set_pool(pool);
-  }
-
   void score_cache(const KvCache& cache, CacheScores& out) override {
     cache_inner_->score_cache(cache, out);
     for (int l = 0; l < cfg_.n_layer; l++) {  // kept entries (+inf: the sinks) as kvpress pads them
@@ -101,8 +94,6 @@ class CriticalAdaKvScorer : public CacheContextScorer, public BudgetSplit {
   }
 
  private:
-  std::unique_ptr<Scorer> inner_;
-  CacheScorer* cache_inner_;
   ModelConfig cfg_;
   std::vector<std::vector<float>> wo_;  // [layer][E][n_head * D]
 };

@@ -20,20 +20,12 @@ namespace {
 
 constexpr double kEpsilon = 1e-4, kFirstStage = 0.5;
 
-class CriticalScorer : public CacheContextScorer {
+class CriticalScorer : public WrappedContextScorer {
  public:
   CriticalScorer(std::unique_ptr<Scorer> inner, const ModelConfig& c, std::vector<std::vector<float>> wo, double ratio)
-      : inner_(std::move(inner)), cache_inner_(dynamic_cast<CacheScorer*>(inner_.get())), cfg_(c), ratio_(ratio),
+      : WrappedContextScorer(std::move(inner), "CriticalKV"), cfg_(c), ratio_(ratio),
         wo_(std::move(wo)) {
-    if (!cache_inner_ || inner_->per_step()) throw Error("internal: CriticalKV wraps a context scorer");
     if (dynamic_cast<BudgetSplit*>(inner_.get())) throw Error("internal: CriticalKV wraps a press with a per-head budget");
-  }
-
-  void observe_step(const LayerStep& step, const KvCache& cache) override { inner_->observe_step(step, cache); }
-  void reset() override { inner_->reset(); }
-  void set_pool(ThreadPool* pool) override {
-    CacheContextScorer::set_pool(pool);
-    cache_inner_->set_pool(pool);
   }
 
   void score_cache(const KvCache& cache, CacheScores& out) override {
@@ -63,8 +55,6 @@ class CriticalScorer : public CacheContextScorer {
   }
 
  private:
-  std::unique_ptr<Scorer> inner_;
-  CacheScorer* cache_inner_;
   ModelConfig cfg_;
   double ratio_;
   std::vector<std::vector<float>> wo_;  // [layer][E][n_head * D]

@@ -304,6 +304,7 @@ void HttpServer::Impl::slots_save(const httplib::Request& req, const std::string
   const CompletionRequest r = chat ? parse_chat_request(body, defaults.limits) : parse_completion_request(body, defaults.limits);
   const std::string id = new_id("save-");
   std::unique_ptr<Job> job = prepare_job(r, *model, engine->n_ctx(), defaults, *presses, tenant_of(req), id);
+  job->store_prefix = true;  // the file is written from the cache entry, whatever the press settings
   const std::string key = job->press_key;
   const std::string settings = press_settings_key(job->has_press, job->press_spec);
   const std::vector<int32_t> prompt = job->prompt;
