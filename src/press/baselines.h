@@ -94,12 +94,12 @@ std::unique_ptr<Scorer> make_observed_attention_scorer(const ModelConfig& c);
 // use_vnorm false: the softmax scores alone, without (score + epsilon) x ||v|| (for CriticalKV, which
 // weighs values itself).
 std::unique_ptr<Scorer> make_expected_attention_scorer(const ModelConfig& c, double epsilon, bool use_vnorm = true);
-std::unique_ptr<Scorer> make_pyramidkv_scorer(const ModelConfig& c);
+std::unique_ptr<Scorer> make_pyramidkv_scorer(const ModelConfig& c, int window = kSnapKvWindow, int kernel = 5, int beta = 20);
 // AdaKV around any scorer; the ratio policy then splits the budget as RatioScope::AdaKv.
 std::unique_ptr<Scorer> make_adakv_scorer(std::unique_ptr<Scorer> inner);
 std::unique_ptr<Scorer> make_keydiff_scorer();
 std::unique_ptr<Scorer> make_lagkv_scorer();
-std::unique_ptr<Scorer> make_chunkkv_scorer(const ModelConfig& c);
+std::unique_ptr<Scorer> make_chunkkv_scorer(const ModelConfig& c, int64_t chunk_length = 20);
 std::unique_ptr<Scorer> make_cur_scorer();
 // blending: kvpress uses the compression ratio (0.35 if unset).
 std::unique_ptr<Scorer> make_compactor_scorer(const ModelConfig& c, double blending, uint64_t seed);

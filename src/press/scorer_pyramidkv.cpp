@@ -3,6 +3,7 @@
 // layers; the ratio scope does not apply.
 #include <cmath>
 
+#include "kvzap/error.h"
 #include "model/model.h"
 #include "press/baselines.h"
 
@@ -27,7 +28,7 @@ namespace {
 
 class PyramidKvScorer : public SnapKvScorer, public BudgetSplit {
  public:
-  explicit PyramidKvScorer(const ModelConfig& c) : SnapKvScorer(c) {}
+  PyramidKvScorer(const ModelConfig& c, int window, int kernel, int beta) : SnapKvScorer(c, window, kernel), beta_(beta) {}
   std::string budget_name() const override { return "pyramid"; }
   void mark_evictions(const KvCache& cache, const CacheScores& scores, double ratio, EvictionMask& drop) override {
     // The pyramid spans the judged (global) layers only: on a model with sliding-window layers (which a
@@ -39,24 +40,40 @@ class PyramidKvScorer : public SnapKvScorer, public BudgetSplit {
       if (!judged_layer(cache, l)) continue;
       for (int h = 0; h < H; h++) {
         const int64_t T = cache.length(l, h);
-        const int64_t keep = pyramid_layer_budget(T, ratio, rank, n_judged, window_);
+        const int64_t keep = pyramid_layer_budget(T, ratio, rank, n_judged, window_, beta_);
         mark_lowest_in_stream(scores[(size_t)l][(size_t)h], T - keep, drop[(size_t)l * H + h]);
       }
       rank++;
     }
   }
+
+ private:
+  int beta_;
 };
 
 }  // namespace
 
-std::unique_ptr<Scorer> make_pyramidkv_scorer(const ModelConfig& c) { return std::make_unique<PyramidKvScorer>(c); }
+std::unique_ptr<Scorer> make_pyramidkv_scorer(const ModelConfig& c, int window, int kernel, int beta) {
+  return std::make_unique<PyramidKvScorer>(c, window, kernel, beta);
+}
 
 namespace {
 RegisterScorer reg({"pyramidkv",
                     "PyramidKV: SnapKV scores with per-layer budgets decreasing linearly with depth (beta 20), "
                     "same count per head (its own budget: the ratio scope does not apply)",
-                    false, [](const PressSpec&, const Model& m) { return make_pyramidkv_scorer(m.config()); },
-                    {.min_context_tokens = kSnapKvWindow, .kvpress_parity = "exact (kvpress PyramidKVPress)"}});
+                    false,
+                    [](const PressSpec& o, const Model& m) {
+                      if ((int)press_param(o, "kernel_size") % 2 == 0)
+                        throw Error("pyramidkv's kernel_size must be odd, got " + std::to_string((int)press_param(o, "kernel_size")));
+                      return make_pyramidkv_scorer(m.config(), (int)press_param(o, "window_size"),
+                                                   (int)press_param(o, "kernel_size"), (int)press_param(o, "beta"));
+                    },
+                    {.min_context_tokens = kSnapKvWindow,
+                     .min_context_param = "window_size",
+                     .params = {{"window_size", kSnapKvWindow, 1, 4096, true, "SnapKV's voting queries"},
+                                {"kernel_size", 5, 1, 63, true, "SnapKV's pooling width, odd"},
+                                {"beta", 20, 1, 1000, true, "the pyramid's steepness: the top layer keeps 1/beta of the share"}},
+                     .kvpress_parity = "exact (kvpress PyramidKVPress)"}});
 }  // namespace
 
 }  // namespace kvzap

@@ -119,6 +119,10 @@ def presses():
         variant="window_size=24 kernel_size=3", params={"window_size": 24, "kernel_size": 3})
     add("streaming_llm", "head", lambda r: K.StreamingLLMPress(compression_ratio=r, n_sink=9),
         variant="n_sink=9", params={"n_sink": 9})
+    add("pyramidkv", "head", lambda r: K.PyramidKVPress(compression_ratio=r, window_size=32, kernel_size=7, beta=10),
+        variant="window_size=32 kernel_size=7 beta=10", params={"window_size": 32, "kernel_size": 7, "beta": 10})
+    add("chunkkv", "head", lambda r: K.ChunkKVPress(press=sn(compression_ratio=r), chunk_length=12),
+        variant="chunk_length=12", params={"chunk_length": 12})
     # Negative control: a different press must be told apart (the comparison can fail).
     add("knorm", "head", lambda r: K.KeyDiffPress(compression_ratio=r), expect="differ",
         why="negative control", variant="against kvpress KeyDiffPress")
