@@ -3,7 +3,6 @@
 // layers; the ratio scope does not apply.
 #include <cmath>
 
-#include "kvzap/error.h"
 #include "model/model.h"
 #include "press/baselines.h"
 
@@ -63,8 +62,6 @@ RegisterScorer reg({"pyramidkv",
                     "same count per head (its own budget: the ratio scope does not apply)",
                     false,
                     [](const PressSpec& o, const Model& m) {
-                      if ((int)press_param(o, "kernel_size") % 2 == 0)
-                        throw Error("pyramidkv's kernel_size must be odd, got " + std::to_string((int)press_param(o, "kernel_size")));
                       return make_pyramidkv_scorer(m.config(), (int)press_param(o, "window_size"),
                                                    (int)press_param(o, "kernel_size"), (int)press_param(o, "beta"));
                     },

@@ -12,7 +12,10 @@
 namespace kvzap {
 
 SnapKvScorer::SnapKvScorer(const ModelConfig& c, int window, int kernel)
-    : cfg_(c), window_(window), kernel_(kernel), queries_(c.n_layer, c.n_head, c.head_dim, window) {}
+    : cfg_(c), window_(window), kernel_(kernel), queries_(c.n_layer, c.n_head, c.head_dim, window) {
+  // kvpress pools with padding kernel_size // 2, which keeps the length for odd sizes only.
+  if (kernel % 2 == 0) throw Error("SnapKV's kernel_size must be odd, got " + std::to_string(kernel));
+}
 
 void SnapKvScorer::score_cache(const KvCache& cache, CacheScores& out) {
   const int64_t T = require_full_context(cache, "snapkv");
@@ -62,9 +65,6 @@ RegisterScorer reg({"snapkv",
                     "SnapKV: attention of the context's last 64 queries, pooled over 5 positions; the window is kept",
                     false,
                     [](const PressSpec& o, const Model& m) -> std::unique_ptr<Scorer> {
-                      // kvpress pools with padding kernel_size // 2, which keeps the length for odd sizes only.
-                      if ((int)press_param(o, "kernel_size") % 2 == 0)
-                        throw Error("snapkv's kernel_size must be odd, got " + std::to_string((int)press_param(o, "kernel_size")));
                       return std::make_unique<SnapKvScorer>(m.config(), (int)press_param(o, "window_size"),
                                                             (int)press_param(o, "kernel_size"));
                     },

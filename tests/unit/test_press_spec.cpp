@@ -83,23 +83,25 @@ TEST(PressSpec, KeyChangesWithEveryField) {
   EXPECT_NE(press_spec_key(&a), press_spec_key(&b));
 }
 
+// press_spec_from_json's error message, or "no error".
+std::string spec_error(const json& v) {
+  try {
+    press_spec_from_json(v);
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+  return std::string("no error");
+}
+
 TEST(PressSpec, JsonErrorsNameTheField) {
-  auto message = [](const json& j) {
-    try {
-      press_spec_from_json(j);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_NE(message({{"threshold", 1}}).find("'press.press' is required"), std::string::npos);
-  EXPECT_NE(message({{"press", "knorm"}, {"window", -1}}).find("press.window"), std::string::npos);
-  EXPECT_NE(message({{"press", "knorm"}, {"ratio", 1.5}}).find("press.ratio"), std::string::npos);
-  EXPECT_NE(message({{"press", "knorm"}, {"ratio", 0.5}, {"threshold", 1}}).find("either"), std::string::npos);
-  EXPECT_NE(message({{"press", "knorm"}, {"ratio_scope", "planet"}}).find("press.ratio_scope"), std::string::npos);
-  EXPECT_NE(message({{"press", "knorm"}, {"bogus", 1}}).find("unknown field 'press.bogus'"), std::string::npos);
-  EXPECT_NE(message({{"press", "knorm"}, {"decoding", "yes"}}).find("press.decoding"), std::string::npos);
-  EXPECT_NE(message(json::array()).find("an object"), std::string::npos);
+  EXPECT_NE(spec_error({{"threshold", 1}}).find("'press.press' is required"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "knorm"}, {"window", -1}}).find("press.window"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "knorm"}, {"ratio", 1.5}}).find("press.ratio"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "knorm"}, {"ratio", 0.5}, {"threshold", 1}}).find("either"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "knorm"}, {"ratio_scope", "planet"}}).find("press.ratio_scope"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "knorm"}, {"bogus", 1}}).find("unknown field 'press.bogus'"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "knorm"}, {"decoding", "yes"}}).find("press.decoding"), std::string::npos);
+  EXPECT_NE(spec_error(json::array()).find("an object"), std::string::npos);
 }
 
 // A press's own parameters (kvpress argument names), declared by the registry: given ones are kept,
@@ -115,19 +117,11 @@ TEST(PressSpec, PressParametersAreDeclaredByTheRegistryAndChecked) {
   EXPECT_NE(press_spec_key(&s), press_spec_key(&plain));
   const PressSpec back = press_spec_from_json(press_spec_to_json(s));
   EXPECT_EQ(press_spec_key(&back), press_spec_key(&s));
-  auto message = [](const json& v) {
-    try {
-      press_spec_from_json(v);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_NE(message({{"press", "snapkv"}, {"window_size", 0}}).find("'press.window_size' must be an integer in [1, 4096]"),
+  EXPECT_NE(spec_error({{"press", "snapkv"}, {"window_size", 0}}).find("'press.window_size' must be an integer in [1, 4096]"),
             std::string::npos);
-  EXPECT_NE(message({{"press", "snapkv"}, {"window_size", 2.5}}).find("press.window_size"), std::string::npos);
-  EXPECT_NE(message({{"press", "knorm"}, {"window_size", 32}}).find("a parameter of press 'knorm': none"), std::string::npos);
-  EXPECT_NE(message({{"press", "streaming_llm"}, {"window_size", 32}}).find("press 'streaming_llm': n_sink"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "snapkv"}, {"window_size", 2.5}}).find("press.window_size"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "knorm"}, {"window_size", 32}}).find("a parameter of press 'knorm': none"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "streaming_llm"}, {"window_size", 32}}).find("press 'streaming_llm': n_sink"), std::string::npos);
   // A server's kv_compression may set a parameter of its default press without naming it.
   PressSpec base = press_spec_from_json({{"press", "snapkv"}, {"ratio", 0.5}});
   const PressSpec patched = press_spec_apply(base, parse_press_spec_patch({{"kernel_size", 7}}, "kv_compression", false));
