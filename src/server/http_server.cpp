@@ -505,11 +505,19 @@ void HttpServer::listen() {
   GateLimits g;
   g.header_timeout = std::chrono::seconds(impl_->opt.header_timeout_s);
   g.max_per_client = impl_->opt.max_conns_per_client;
-  // Large bodies are read by the gate only for requests the screen would let through (key and size
-  // from the raw headers), so an unauthenticated client cannot make the server buffer anything.
+  g.max_body = impl_->opt.max_body_bytes;
+  // Large and chunked bodies are read by the gate only for requests the screen would let through (key,
+  // size and route from the raw headers), so an unauthenticated client cannot make the server buffer anything.
   Impl* impl = impl_.get();
   impl_->http.start_gate(g, (size_t)impl_->opt.threads, &impl_->metrics, [impl](std::string_view head, uint64_t length) {
-    if (length > impl->opt.max_body_bytes) return false;
+    if (length == kChunkedBody) {
+      // "POST /path[?query] HTTP/1.1": only a route that takes a body has its chunked body read.
+      if (head.substr(0, 5) != "POST ") return false;
+      const std::string_view target = head.substr(5, head.find(' ', 5) - 5);
+      if (!impl->post_paths.count(std::string(target.substr(0, target.find('?'))))) return false;
+    } else if (length > impl->opt.max_body_bytes) {
+      return false;
+    }
     if (!impl->opt.keys.enabled()) return true;
     const std::string auth(GatedServer::header_value(head, "authorization")), key(GatedServer::header_value(head, "x-api-key"));
     return impl->opt.keys.match(ApiKeys::from_headers(auth, key)) >= 0;

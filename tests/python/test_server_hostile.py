@@ -507,6 +507,64 @@ def test_ten_thousand_concurrent_connections():
 # slowly after a whole header: the gate reads them itself within its byte budget, so they hold no worker;
 # once the budget is full the rest wait unread. Meanwhile small requests, /health and a large body sent at
 # full speed are answered at once, and a wrong key is refused from the headers.
+def test_slow_chunked_bodies_do_not_hold_workers():
+    """Chunked bodies are framed by the gate as they arrive: a stalled one costs a socket, not a worker."""
+    s = Server("-c", "256", "--max-body", "64KiB", api_key=KEY)
+    head = (f"POST /tokenize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
+            f"Transfer-Encoding: chunked\r\n\r\n").encode()
+    socks = []
+    try:
+        baseline = rss_bytes(s.proc.pid)
+        for _ in range(150):  # more than the HTTP workers (76 by default); each stalls inside a chunk
+            k = socket.create_connection(("127.0.0.1", s.port), timeout=5)
+            k.sendall(head + b"3e8\r\n" + b'{"content": "' + b"a" * 400)
+            socks.append(k)
+        time.sleep(0.5)
+        t = time.time()
+        r = httpx.post(s.url + "/tokenize", json={"content": "owls"}, headers=AUTH, timeout=10)
+        assert r.status_code == 200 and time.time() - t < 1.0, time.time() - t
+        times = sorted(health_s(s) for _ in range(20))
+        assert times[-1] < 1.0, times
+
+        # A chunked body sent slowly but completely is answered, and a request pipelined behind it too.
+        k = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        payload = json.dumps({"content": "owls and larks"}).encode()
+        k.sendall(head + b"%x\r\n" % len(payload))
+        for piece in (payload[:5], payload[5:], b"\r\n0\r\n", b"\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n"):
+            time.sleep(0.2)
+            k.sendall(piece)
+        data = b""
+        deadline = time.time() + 10
+        while data.count(b"HTTP/1.1 ") < 2 and time.time() < deadline:
+            chunk = k.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        k.close()
+        answers = data.split(b"HTTP/1.1 ")[1:]
+        assert len(answers) == 2 and answers[0].startswith(b"200") and answers[1].startswith(b"200"), data[:400]
+        assert b'"tokens"' in answers[0]
+
+        # Refused by the gate itself: a declared size over --max-body (413), framing that is not chunked (400).
+        data, closed = raw_request(s, head, b"%x\r\n" % (65 * 1024) + b"x" * 1000)
+        assert status_of(data) == 413 and closed and b"65536" in data, data[:300]
+        data, closed = raw_request(s, head, b"5\r\nhello\r\nnot-a-size\r\n")
+        assert status_of(data) == 400 and closed, data[:300]
+        assert httpx.get(s.url + "/metrics", headers=AUTH).status_code == 200
+
+        for k in socks:
+            k.close()
+        socks.clear()
+        time.sleep(1.0)
+        after = rss_bytes(s.proc.pid)
+        print(f"\nslow chunked bodies: /health max {times[-1] * 1000:.1f} ms; RSS {baseline / MIB:.1f} -> {after / MIB:.1f} MiB")
+        assert after < baseline * 1.1 + 8 * MIB, (baseline, after)
+    finally:
+        for k in socks:
+            k.close()
+        assert s.stop() == 0, s.log_text()
+
+
 def test_slow_large_bodies_do_not_hold_workers():
     s = Server("-c", "256", "--max-body", "1MiB", api_key=KEY)
     socks = []
