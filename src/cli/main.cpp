@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "cli/command.h"
+#include "common/data_dir.h"
 #include "kvzap/error.h"
 
 namespace kvzap::cli {
@@ -17,7 +18,8 @@ int main(int argc, char** argv) {
   using namespace kvzap::cli;
   CLI::App app{"kvzap: a CPU inference engine for decoder-only LLMs with real, adaptive KV-cache pruning"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "kvzap 0.1.0");
+  // The data folder too (surrogates, eval sets): where an installed or moved binary finds it.
+  app.set_version_flag("--version", [] { return "kvzap 0.1.0\ndata: " + kvzap::data_dir(); });
   auto& cmds = command_registry();
   std::sort(cmds.begin(), cmds.end(), [](const Command& a, const Command& b) { return a.name < b.name; });
   std::vector<std::pair<CLI::App*, std::function<int()>>> actions;

@@ -29,11 +29,14 @@ std::string data_dir() {
     std::lock_guard<std::mutex> lock(g_mu);
     if (!g_dir.empty()) return g_dir;
   }
+  // Beside the binary (the Python package's layout), then the install prefix's share/kvzap
+  // (`cmake --install`: PREFIX/bin/kvzap and PREFIX/lib/libkvzap.so both find PREFIX/share/kvzap).
   static const std::string beside = [] {
     const std::string b = binary_dir();
+    if (b.empty()) return std::string();
     std::error_code ec;
-    if (!b.empty() && std::filesystem::is_directory(std::filesystem::path(b) / "data" / "surrogates", ec))
-      return (std::filesystem::path(b) / "data").string();
+    for (const std::filesystem::path& dir : {std::filesystem::path(b) / "data", std::filesystem::path(b).parent_path() / "share" / "kvzap"})
+      if (std::filesystem::is_directory(dir / "surrogates", ec)) return dir.string();
     return std::string();
   }();
   if (!beside.empty()) return beside;

@@ -305,6 +305,7 @@ void HttpServer::Impl::slots_save(const httplib::Request& req, const std::string
   const std::string id = new_id("save-");
   std::unique_ptr<Job> job = prepare_job(r, *model, engine->n_ctx(), defaults, *presses, tenant_of(req), id);
   job->store_prefix = true;  // the file is written from the cache entry, whatever the press settings
+  job->prefix_quota.clear();  // and it is a slot the key asked for (slots have their own quotas)
   const std::string key = job->press_key;
   const std::string settings = press_settings_key(job->has_press, job->press_spec);
   const std::vector<int32_t> prompt = job->prompt;

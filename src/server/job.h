@@ -79,6 +79,7 @@ struct Job {
   std::string press_label = "none";
   std::string press_key;
   bool store_prefix = true;  // keep the compressed prompt for later requests when this one finishes
+  std::string prefix_quota;  // its cache entry is charged here (PrefixCache quotas); empty = uncharged
   std::shared_ptr<RequestChannel> channel;
   Clock::time_point arrival = Clock::now(), deadline = Clock::time_point::max();
 

@@ -22,25 +22,46 @@ PrefixCache::Entry* PrefixCache::find_exact(const std::string& key, const std::v
   return nullptr;
 }
 
-bool PrefixCache::insert(std::string key, std::vector<int32_t> tokens, std::unique_ptr<Sequence> seq) {
+bool PrefixCache::insert(std::string key, std::vector<int32_t> tokens, std::unique_ptr<Sequence> seq, std::string quota) {
   const int64_t bytes = seq->cache().bytes_resident() + entry_overhead_ + (int64_t)(tokens.size() * sizeof(int32_t));
   for (auto it = entries_.begin(); it != entries_.end(); ++it)
     if (it->key == key && it->tokens == tokens) {
-      bytes_ -= it->bytes;
-      entries_.erase(it);
+      erase(it);
       break;
     }
-  if (bytes > budget_) return false;
-  entries_.push_front({std::move(key), std::move(tokens), std::move(seq), bytes});
+  const int64_t quota_limit = (int64_t)((double)budget_ * quota_share_);
+  if (bytes > budget_ || (!quota.empty() && bytes > quota_limit)) return false;
+  entries_.push_front({std::move(key), quota, std::move(tokens), std::move(seq), bytes});
   bytes_ += bytes;
+  if (!quota.empty()) {
+    quota_bytes_[quota] += bytes;
+    // The quota's own oldest entries go first (never the one just stored: it alone fits the share).
+    for (auto it = entries_.end(); quota_bytes(quota) > quota_limit;) {
+      if (--it == entries_.begin()) break;
+      if (it->quota == quota) it = erase(it);
+    }
+  }
   while (bytes_ > budget_ && entries_.size() > 1) evict_lru();
   return true;
 }
 
+int64_t PrefixCache::quota_bytes(const std::string& quota) const {
+  auto it = quota_bytes_.find(quota);
+  return it == quota_bytes_.end() ? 0 : it->second;
+}
+
+std::list<PrefixCache::Entry>::iterator PrefixCache::erase(std::list<Entry>::iterator it) {
+  bytes_ -= it->bytes;
+  if (!it->quota.empty()) {
+    auto q = quota_bytes_.find(it->quota);
+    if ((q->second -= it->bytes) <= 0) quota_bytes_.erase(q);
+  }
+  return entries_.erase(it);
+}
+
 bool PrefixCache::evict_lru() {
   if (entries_.empty()) return false;
-  bytes_ -= entries_.back().bytes;
-  entries_.pop_back();
+  erase(std::prev(entries_.end()));
   return true;
 }
 

@@ -110,6 +110,8 @@ std::unique_ptr<Job> prepare_job(const CompletionRequest& r, const Model& model,
   job->store_prefix = !r.kv_compression || repeated;
   job->press_label = press_label(job->has_press, job->press_spec);
   job->press_key = settings + "|tenant=" + std::to_string(tenant);
+  // Settings a request brought are charged to its tenant: they hold at most a share of the cache.
+  if (r.kv_compression) job->prefix_quota = "tenant=" + std::to_string(tenant);
   job->channel = std::make_shared<RequestChannel>();
   if (d.request_timeout_s > 0)
     job->deadline = job->arrival + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(d.request_timeout_s));

@@ -171,7 +171,7 @@ void Scheduler::finish(Active& a, const std::string& finish_reason) {
   e.finish_reason = finish_reason;
   e.usage = u;
   job.channel->push(std::move(e));
-  if (a.prefix_snapshot) prefix_.insert(job.press_key, job.prompt, std::move(a.prefix_snapshot));
+  if (a.prefix_snapshot) prefix_.insert(job.press_key, job.prompt, std::move(a.prefix_snapshot), job.prefix_quota);
   log_request(job, "finish=" + finish_reason, u);
   metrics_.requests_finished_total++;
   a.done = true;

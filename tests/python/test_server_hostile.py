@@ -106,6 +106,35 @@ def test_distinct_press_settings_keep_memory_bounded():
         assert server.stop() == 0
 
 
+def test_settings_sent_twice_hold_at_most_a_quarter_of_the_prefix_cache():
+    # Sent twice, a setting earns a cache entry; the entries of settings a key brings are charged to that
+    # key, which holds at most a quarter of the cache and drops its own oldest first. The server's own
+    # press keeps its entries.
+    server = Server("-c", "512", "--prefix-cache", "8MiB", api_key=KEY)
+    try:
+        prompt = list(range(100, 140))  # ~0.9 MB full, ~0.5-0.9 MB pruned (+ 192 KiB of logits) per entry
+        own = {"prompt": prompt, "max_tokens": 1}
+        assert httpx.post(server.url + "/v1/completions", json=own, headers=AUTH, timeout=60).status_code == 200
+        own_bytes = server.metrics()["kvzap:prefix_cache_bytes"]
+        assert own_bytes > 0
+        budget = 8 * MIB
+        peak = 0
+        for i in range(40):
+            body = {"prompt": prompt, "max_tokens": 1,
+                    "kv_compression": {"press": "knorm", "ratio": 0.1 + i / 100.0}}
+            for _ in range(2):
+                r = httpx.post(server.url + "/v1/completions", json=body, headers=AUTH, timeout=60)
+                assert r.status_code == 200, r.text
+            peak = max(peak, server.metrics()["kvzap:prefix_cache_bytes"] - own_bytes)
+        print(f"\n40 settings sent twice: the key's entries peaked at {peak / MIB:.2f} MiB of an {budget / MIB:.0f} MiB cache")
+        assert 0 < peak <= budget // 4, peak
+        hits = server.metrics()["kvzap:prefix_cache_hits_total"]
+        assert httpx.post(server.url + "/v1/completions", json=own, headers=AUTH, timeout=60).status_code == 200
+        assert server.metrics()["kvzap:prefix_cache_hits_total"] > hits  # the server press's entry survived
+    finally:
+        assert server.stop() == 0
+
+
 # 2. Authentication and the size limit come from the headers, before the body is read.
 def test_wrong_key_is_refused_before_a_64mib_body(server):
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-wrong\r\n"

@@ -116,4 +116,39 @@ TEST_F(PrefixCacheTest, AnEntryLargerThanTheBudgetIsRefusedAndReinsertingReplace
   EXPECT_EQ(cache.bytes(), one);
 }
 
+TEST_F(PrefixCacheTest, AQuotaHoldsAtMostItsShareAndDropsOnlyItsOwnEntries) {
+  auto [d_ids, d] = prefilled(64, 9);
+  const int64_t one = d->cache().bytes_resident() + 64 * (int64_t)sizeof(int32_t);
+  PrefixCache cache(8 * one + one / 2);  // room for eight entries; a quota's share (1/4) holds two
+  ASSERT_TRUE(cache.insert("server-press", d_ids, std::move(d)));  // uncharged
+  std::vector<std::vector<int32_t>> mine;
+  for (int i = 0; i < 6; i++) {  // a client's own settings, six entries: only its newest two stay
+    auto [ids, seq] = prefilled(64, 20 + i);
+    mine.push_back(ids);
+    ASSERT_TRUE(cache.insert("custom-" + std::to_string(i), ids, std::move(seq), "tenant=1"));
+    EXPECT_LE(cache.quota_bytes("tenant=1"), (int64_t)(cache.budget_bytes() * PrefixCache::kQuotaShare)) << i;
+  }
+  EXPECT_EQ(cache.quota_bytes("tenant=1"), 2 * one);
+  EXPECT_EQ(cache.size(), 3u);
+  EXPECT_NE(cache.find_exact("server-press", d_ids), nullptr);  // the uncharged entry was not touched
+  EXPECT_EQ(cache.find_exact("custom-3", mine[3]), nullptr);
+  EXPECT_NE(cache.find_exact("custom-4", mine[4]), nullptr);
+  EXPECT_NE(cache.find_exact("custom-5", mine[5]), nullptr);
+  // Another tenant's quota is its own; evicting an entry returns its bytes to its quota.
+  auto [o_ids, o] = prefilled(64, 40);
+  ASSERT_TRUE(cache.insert("custom-x", o_ids, std::move(o), "tenant=2"));
+  EXPECT_EQ(cache.quota_bytes("tenant=2"), one);
+  EXPECT_EQ(cache.quota_bytes("tenant=1"), 2 * one);
+  while (cache.evict_lru()) {
+  }
+  EXPECT_EQ(cache.quota_bytes("tenant=1"), 0);
+  EXPECT_EQ(cache.quota_bytes("tenant=2"), 0);
+  EXPECT_EQ(engine_->pages().pages_in_use(), 0);
+  // An entry larger than a quota's share is not kept under that quota.
+  PrefixCache tight(3 * one);
+  auto [t_ids, t] = prefilled(64, 50);
+  EXPECT_FALSE(tight.insert("custom", t_ids, std::move(t), "tenant=1"));
+  EXPECT_EQ(tight.size(), 0u);
+}
+
 }  // namespace
