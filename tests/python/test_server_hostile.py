@@ -536,6 +536,17 @@ def test_ten_thousand_concurrent_connections():
 # slowly after a whole header: the gate reads them itself within its byte budget, so they hold no worker;
 # once the budget is full the rest wait unread. Meanwhile small requests, /health and a large body sent at
 # full speed are answered at once, and a wrong key is refused from the headers.
+def close_and_check_rss(server, socks, baseline, label):
+    """Closes the slow connections; the server's RSS must come back to within 10 % (+8 MiB) of baseline."""
+    for k in socks:
+        k.close()
+    socks.clear()
+    time.sleep(1.0)
+    after = rss_bytes(server.proc.pid)
+    print(f"\n{label}; RSS {baseline / MIB:.1f} -> {after / MIB:.1f} MiB")
+    assert after < baseline * 1.1 + 8 * MIB, (baseline, after)
+
+
 def test_slow_chunked_bodies_do_not_hold_workers():
     """Chunked bodies are framed by the gate as they arrive: a stalled one costs a socket, not a worker."""
     s = Server("-c", "256", "--max-body", "64KiB", api_key=KEY)
@@ -581,13 +592,7 @@ def test_slow_chunked_bodies_do_not_hold_workers():
         assert status_of(data) == 400 and closed, data[:300]
         assert httpx.get(s.url + "/metrics", headers=AUTH).status_code == 200
 
-        for k in socks:
-            k.close()
-        socks.clear()
-        time.sleep(1.0)
-        after = rss_bytes(s.proc.pid)
-        print(f"\nslow chunked bodies: /health max {times[-1] * 1000:.1f} ms; RSS {baseline / MIB:.1f} -> {after / MIB:.1f} MiB")
-        assert after < baseline * 1.1 + 8 * MIB, (baseline, after)
+        close_and_check_rss(s, socks, baseline, f"slow chunked bodies: /health max {times[-1] * 1000:.1f} ms")
     finally:
         for k in socks:
             k.close()
@@ -630,13 +635,7 @@ def test_slow_large_bodies_do_not_hold_workers():
         assert times[-1] < 1.0, times
         r = httpx.post(s.url + "/tokenize", json={"content": "owls"}, headers=AUTH, timeout=10)
         assert r.status_code == 200
-        for k in socks:
-            k.close()
-        socks.clear()
-        time.sleep(1.0)
-        after = rss_bytes(s.proc.pid)
-        print(f"\nslow large bodies: /health max {times[-1] * 1000:.1f} ms; RSS {baseline / MIB:.1f} -> {after / MIB:.1f} MiB")
-        assert after < baseline * 1.1 + 8 * MIB, (baseline, after)
+        close_and_check_rss(s, socks, baseline, f"slow large bodies: /health max {times[-1] * 1000:.1f} ms")
     finally:
         for k in socks:
             k.close()
