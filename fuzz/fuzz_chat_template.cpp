@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "chat/chat_template.h"
 #include "fuzz_common.h"
 #include "kvzap/error.h"
 #include "tokenizer/tokenizer.h"

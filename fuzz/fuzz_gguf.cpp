@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "chat/chat_template.h"
 #include "format/gguf.h"
 #include "fuzz_common.h"
 #include "kvzap/error.h"

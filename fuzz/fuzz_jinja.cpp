@@ -7,9 +7,9 @@
 #include <string>
 #include <string_view>
 
+#include "chat/jinja.h"
 #include "fuzz_common.h"
 #include "kvzap/error.h"
-#include "tokenizer/jinja.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kvzap;

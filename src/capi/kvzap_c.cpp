@@ -17,22 +17,22 @@
 
 #include "cache/cache_file.h"
 #include "cache/page_pool.h"
+#include "chat/chat_prompt.h"
 #include "common/data_dir.h"
 #include "common/json_fields.h"
 #include "engine/context_recording.h"
 #include "engine/model_store.h"
 #include "engine/pipeline.h"
+#include "engine/session.h"
 #include "eval/ruler.h"
 #include "eval/runner.h"
-#include "engine/session.h"
 #include "kvzap/error.h"
 #include "press/press.h"
 #include "press/press_spec.h"
-#include "tokenizer/chat_prompt.h"
+#include "press/surrogate.h"
 #include "train/mlp.h"
 #include "train/ridge.h"
 #include "train/targets.h"
-#include "press/surrogate.h"
 
 using nlohmann::json;
 using namespace kvzap;

@@ -5,8 +5,8 @@
 #include <iostream>
 #include <memory>
 
+#include "chat/chat_prompt.h"
 #include "cli/cli_common.h"
-#include "tokenizer/chat_prompt.h"
 
 namespace kvzap::cli {
 namespace {

@@ -3,10 +3,10 @@
 #include <cstdio>
 #include <memory>
 
+#include "chat/chat_prompt.h"
 #include "cli/cli_common.h"
 #include "cli/generate_cache.h"
 #include "engine/pipeline.h"
-#include "tokenizer/chat_prompt.h"
 
 namespace kvzap::cli {
 namespace {

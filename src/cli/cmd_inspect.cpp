@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "chat/chat_template.h"
 #include "cli/command.h"
 #include "format/gguf.h"
 #include "format/hf_checkpoint.h"

@@ -13,12 +13,12 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "chat/chat_prompt.h"
 #include "cli/command.h"
 #include "engine/model_store.h"
 #include "format/gguf.h"
 #include "format/hf_checkpoint.h"
 #include "kvzap/error.h"
-#include "tokenizer/chat_prompt.h"
 #include "tokenizer/tokenizer_json.h"
 
 namespace kvzap::cli {

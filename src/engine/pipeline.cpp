@@ -2,7 +2,7 @@
 
 #include <chrono>
 
-#include "tokenizer/chat_prompt.h"
+#include "chat/chat_prompt.h"
 
 namespace kvzap {
 

@@ -13,10 +13,10 @@
 #include <numbers>
 #include <unordered_set>
 
-#include "eval/haystack.h"
+#include "chat/chat_prompt.h"
 #include "common/rng.h"
+#include "eval/haystack.h"
 #include "kvzap/error.h"
-#include "tokenizer/chat_prompt.h"
 
 namespace kvzap::eval {
 namespace {

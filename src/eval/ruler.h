@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "chat/chat_template.h"
 #include "eval/metrics.h"
 #include "tokenizer/tokenizer.h"
 

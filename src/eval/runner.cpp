@@ -15,8 +15,9 @@
 #include <string_view>
 #include <unordered_map>
 
-#include "engine/context_recording.h"
+#include "chat/chat_template.h"
 #include "common/rng.h"
+#include "engine/context_recording.h"
 #include "kvzap/error.h"
 #include "model/model.h"
 #include "press/policy.h"

@@ -9,12 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "chat/chat_prompt.h"
 #include "common/progress.h"
 #include "engine/session.h"
 #include "eval/report.h"
 #include "eval/ruler.h"
 #include "press/press.h"
-#include "tokenizer/chat_prompt.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvzap::eval {

@@ -15,12 +15,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "chat/chat_prompt.h"
 #include "common/fp16.h"
 #include "kernels/thread_pool.h"
 #include "kvzap/error.h"
 #include "press/kvzip.h"
 #include "press/press.h"
-#include "tokenizer/chat_prompt.h"
 
 namespace kvzap {
 

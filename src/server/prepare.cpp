@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <random>
 
-#include "tokenizer/chat_prompt.h"
+#include "chat/chat_prompt.h"
 
 namespace kvzap::server {
 

@@ -11,6 +11,7 @@
 
 #include "press/press_spec.h"
 
+#include "chat/chat_template.h"
 #include "engine/sampler.h"
 #include "tokenizer/tokenizer.h"
 

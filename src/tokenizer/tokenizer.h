@@ -79,21 +79,4 @@ class Utf8Stream {
 
 bool is_valid_utf8(const std::string& s, size_t* bad_offset = nullptr);
 
-// Chat templates (built-in formatters; chosen from the file's template text or by name).
-struct ChatMessage {
-  std::string role;     // system | user | assistant
-  std::string content;
-};
-enum class ChatFormat { ChatML_SmolLM2, Qwen3, Llama31, ChatML, Gemma };
-ChatFormat detect_chat_format(const TokenizerVocab& v);
-ChatFormat chat_format_from_name(const std::string& name);  // "smollm2" | "chatml" | "qwen3" | "llama3.1" | "gemma"
-const char* chat_format_name(ChatFormat fmt);
-struct ChatOptions {
-  bool add_generation_prompt = true;
-  bool enable_thinking = true;         // Qwen3
-  std::string date = "26 Jul 2024";    // Llama-3.1 "Today Date"
-};
-std::string apply_chat_template(ChatFormat fmt, const std::vector<ChatMessage>& msgs,
-                                const ChatOptions& opt = {});
-
 }  // namespace kvzap

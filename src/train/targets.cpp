@@ -9,10 +9,10 @@
 #include <map>
 #include <sstream>
 
+#include "chat/chat_prompt.h"
+#include "common/rng.h"
 #include "kernels/thread_pool.h"
 #include "kvzap/error.h"
-#include "tokenizer/chat_prompt.h"
-#include "common/rng.h"
 
 namespace kvzap {
 

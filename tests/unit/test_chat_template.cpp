@@ -9,10 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "chat/chat_template.h"
 #include "format/gguf.h"
 #include "kvzap/error.h"
-#include "tokenizer/tokenizer.h"
 #include "test_support.h"
+#include "tokenizer/tokenizer.h"
 
 using namespace kvzap;
 

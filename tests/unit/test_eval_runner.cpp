@@ -11,6 +11,7 @@
 #include <memory>
 #include <sstream>
 
+#include "chat/chat_template.h"
 #include "common/json_file.h"
 #include "engine/session.h"
 #include "eval/faithfulness.h"

@@ -15,13 +15,13 @@
 
 #include <unistd.h>
 
+#include "chat/chat_prompt.h"
+#include "chat/jinja.h"
 #include "engine/pipeline.h"
 #include "eval/runner.h"
 #include "format/gguf.h"
 #include "kvzap/error.h"
 #include "test_support.h"
-#include "tokenizer/chat_prompt.h"
-#include "tokenizer/jinja.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace kvzap;

@@ -11,8 +11,9 @@
 #include <set>
 #include <sstream>
 
-#include "eval/haystack.h"
+#include "chat/chat_template.h"
 #include "common/rng.h"
+#include "eval/haystack.h"
 #include "eval/ruler.h"
 #include "format/gguf.h"
 #include "kvzap/error.h"

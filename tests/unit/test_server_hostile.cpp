@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "chat/chat_prompt.h"
 #include "server/lru.h"
 #include "server/prepare.h"
 #include "server/request.h"
 #include "server/slots.h"
 #include "tokenizer/byte_level.h"
-#include "tokenizer/chat_prompt.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace kvzap;

@@ -1,15 +1,15 @@
 // Jinja2 subset for chat templates: lexer (with HF's whitespace settings), recursive-descent parser
 // following jinja2's grammar and precedence, and a tree-walking evaluator. Built-in filters, tests and
 // Python methods are in jinja_builtins.cpp.
-#include "tokenizer/jinja.h"
+#include "chat/jinja.h"
 
 #include <algorithm>
 #include <cstring>
 #include <set>
 #include <unordered_map>
 
+#include "chat/jinja_internal.h"
 #include "kvzap/error.h"
-#include "tokenizer/jinja_internal.h"
 
 namespace kvzap::jinja {
 

@@ -6,7 +6,7 @@
 #include <string_view>
 #include <unordered_map>
 
-#include "tokenizer/jinja.h"
+#include "chat/jinja.h"
 
 namespace kvzap::jinja {
 

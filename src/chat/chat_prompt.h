@@ -14,7 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "tokenizer/jinja.h"
+#include "chat/chat_template.h"
+#include "chat/jinja.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvzap {

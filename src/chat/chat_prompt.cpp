@@ -1,4 +1,4 @@
-#include "tokenizer/chat_prompt.h"
+#include "chat/chat_prompt.h"
 
 #include <algorithm>
 

@@ -2,6 +2,7 @@
 // templates render. Tools and tool calls are out of scope.
 #include <cstdio>
 
+#include "chat/chat_template.h"
 #include "kvzap/error.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode_text.h"

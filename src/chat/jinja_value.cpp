@@ -7,9 +7,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "chat/jinja.h"
+#include "chat/jinja_internal.h"
 #include "kvzap/error.h"
-#include "tokenizer/jinja.h"
-#include "tokenizer/jinja_internal.h"
 #include "tokenizer/unicode_text.h"
 
 namespace kvzap::jinja {

@@ -10,8 +10,8 @@
 #include <cstring>
 #include <string_view>
 
+#include "chat/jinja_internal.h"
 #include "kvzap/error.h"
-#include "tokenizer/jinja_internal.h"
 #include "tokenizer/unicode_text.h"
 
 namespace kvzap::jinja {
