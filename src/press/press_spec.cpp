@@ -75,8 +75,11 @@ PressSpecPatch parse_press_spec_patch(const json& v, const std::string& where, b
   // A name no press takes is refused here; whether the press it ends up with takes it, in press_spec_apply.
   for (const auto& [key, given] : s.params) {
     bool declared = false;
-    for (const ScorerEntry& e : scorer_registry())
-      for (const PressParam& d : e.traits.params) declared |= d.name == key && (!s.press || find_press_entry(*s.press) == &e);
+    if (s.press)
+      for (const PressParam& d : press_traits(*s.press).params) declared |= d.name == key;
+    else
+      for (const ScorerEntry& e : scorer_registry())
+        for (const PressParam& d : e.traits.params) declared |= d.name == key;
     if (!declared && !(s.press && !find_press_entry(*s.press)))
       throw Error("unknown field '" + given.second + "' (expected " + kSpecFields + (allow_host_paths ? ", surrogate" : "") +
                   (s.press ? ", or a parameter of press '" + *s.press + "': " + declared_params(press_traits(*s.press))

@@ -132,6 +132,48 @@ TEST(PressSpec, PressParametersAreDeclaredByTheRegistryAndChecked) {
   EXPECT_THROW(parse_press_spec_patch({{"kernel_sise", 7}}, "kv_compression", false), Error);  // no press takes it
 }
 
+// The other presses' kvpress arguments: declared with kvpress's names and defaults, ranges refused by
+// name; AdaKV's alpha_safeguard for every AdaKV press, adakv_<any press> included.
+TEST(PressSpec, KvpressArgumentsOfThePressesAreDeclared) {
+  const PressSpec ea = press_spec_from_json({{"press", "expected_attention"}, {"ratio", 0.5}});
+  EXPECT_EQ(press_param(ea, "n_future_positions"), 512);
+  EXPECT_EQ(press_param(ea, "n_sink"), 4);
+  EXPECT_EQ(press_param(ea, "use_covariance"), 1);
+  EXPECT_EQ(press_param(ea, "use_vnorm"), 1);
+  EXPECT_EQ(press_param(ea, "epsilon"), 1e-2);
+  EXPECT_EQ(press_param(ea, "alpha_safeguard"), 0.2);
+  const PressSpec ak = press_spec_from_json({{"press", "adakv_keydiff"}, {"ratio", 0.5}, {"alpha_safeguard", 0.5}});
+  EXPECT_EQ(press_param(ak, "alpha_safeguard"), 0.5);
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "adakv_lagkv"}, {"ratio", 0.5}, {"lag_size", 32}}), "lag_size"), 32);
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "adakv_snapkv"}, {"ratio", 0.5}}), "window_size"), 64);
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "block_keydiff"}, {"ratio", 0.5}}), "block_size"), 128);
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "cur"}, {"ratio", 0.5}}), "local_window_size"), 16);
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "compactor"}, {"ratio", 0.5}}), "chunk_size"), 256);
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "non_causal_attn"}, {"ratio", 0.5}}), "chunk_size"), 256);
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "leverage_score"}, {"ratio", 0.5}}), "sketch_dimension"), 48);
+  // Out of range: refused with the range.
+  EXPECT_NE(spec_error({{"press", "adakv_snapkv"}, {"alpha_safeguard", 1.5}}).find("'press.alpha_safeguard' must be a number in [0, 1]"),
+            std::string::npos);
+  EXPECT_NE(spec_error({{"press", "adakv_keydiff"}, {"alpha_safeguard", -0.1}}).find("press.alpha_safeguard"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "expected_attention"}, {"use_covariance", 2}}).find("an integer in [0, 1]"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "expected_attention_uniform"}, {"epsilon", -1}}).find("press.epsilon"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "expected_attention"}, {"n_future_positions", 0}}).find("press.n_future_positions"),
+            std::string::npos);
+  EXPECT_NE(spec_error({{"press", "lagkv"}, {"lag_size", 0}}).find("press.lag_size"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "block_keydiff"}, {"block_size", 0}}).find("press.block_size"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "cur"}, {"use_local_approximation", 0.5}}).find("press.use_local_approximation"),
+            std::string::npos);
+  EXPECT_NE(spec_error({{"press", "compactor"}, {"sketch_dimension", 0}}).find("press.sketch_dimension"), std::string::npos);
+  // Not a parameter of the press: the message lists what it takes.
+  EXPECT_NE(spec_error({{"press", "expected_attention_uniform"}, {"alpha_safeguard", 0.5}})
+                .find("press 'expected_attention_uniform': n_future_positions, n_sink, use_covariance, use_vnorm, epsilon)"),
+            std::string::npos);
+  EXPECT_NE(spec_error({{"press", "knorm"}, {"alpha_safeguard", 0.5}}).find("press 'knorm': none"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "adakv_knorm"}, {"window_size", 8}}).find("press 'adakv_knorm': alpha_safeguard"),
+            std::string::npos);
+  EXPECT_NO_THROW(press_spec_from_json({{"press", "adakv_expected_attention"}, {"ratio", 0.5}, {"alpha_safeguard", 0.5}}));
+}
+
 // The server: kv_compression reaches every field of the press, on top of the server's default, and a
 // client cannot name a folder on the host.
 TEST(PressSpec, ServerKvCompressionDeliversEveryFieldButHostPaths) {
