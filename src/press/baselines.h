@@ -138,13 +138,21 @@ NonCausalOptions compactor_options(const PressSpec& spec);
 // CriticalKV (kvpress CriticalKVPress, press/scorer_critical_snapkv.cpp) around a context scorer: the best
 // max(1, int((1 - ratio) T / 2)) entries of each head kept, every other score times ||W_O^(q) v||_1.
 // wo: [layer][n_embd][n_head * head_dim], as output_projections(model) gives it.
+// epsilon, first_stage_ratio: kvpress CriticalKVPress's arguments (first stage int((1 - ratio) T x
+// first_stage_ratio), at least 1 unless first_stage_ratio is 0).
 std::unique_ptr<Scorer> make_critical_scorer(std::unique_ptr<Scorer> inner, const ModelConfig& c,
-                                             std::vector<std::vector<float>> wo, double ratio);
+                                             std::vector<std::vector<float>> wo, double ratio, double epsilon = 1e-4,
+                                             double first_stage_ratio = 0.5);
+// The press parameters of the CriticalKV presses (epsilon, first_stage_ratio; adakv: alpha_safeguard too).
+std::vector<PressParam> critical_params(bool adakv);
 std::vector<std::vector<float>> output_projections(const Model& m);
 // CriticalAdaKV (kvpress CriticalAdaKVPress, press/scorer_critical_adakv_expected_attention.cpp) around a
 // context scorer: AdaKV's per-layer budget, then CriticalKV's two stages within each head's share.
 std::unique_ptr<Scorer> make_critical_adakv_scorer(std::unique_ptr<Scorer> inner, const ModelConfig& c,
-                                                   std::vector<std::vector<float>> wo);
+                                                   std::vector<std::vector<float>> wo, double epsilon = 1e-4,
+                                                   double first_stage_ratio = 0.5, double alpha_safeguard = kAdaKvSafeguard);
+// make_critical_adakv_scorer with a spec's press parameters (critical_params(true)).
+std::unique_ptr<Scorer> make_critical_adakv_scorer(std::unique_ptr<Scorer> inner, const Model& m, const PressSpec& spec);
 // CriticalKV's value weights for stream (l, hk): out[i] = ||W_O^(q) v_i||_1 averaged over the G query heads q
 // of the group; wo is the layer's [n_embd][n_head * head_dim].
 void projected_value_norms(const KvCache& cache, int l, int hk, const ModelConfig& c, const std::vector<float>& wo,

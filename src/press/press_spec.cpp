@@ -66,6 +66,8 @@ PressSpecPatch parse_press_spec_patch(const json& v, const std::string& where, b
       s.surrogate = text(val, f);
     } else if (val.is_number()) {
       s.params[key] = {number_in(val, f, -1e9, 1e9), f};  // checked against the press in press_spec_apply
+    } else if (val.is_boolean()) {
+      s.params[key] = {val.get<bool>() ? 1.0 : 0.0, f};  // kvpress's boolean arguments (use_vnorm=False): 0 / 1
     } else {
       throw Error("unknown field '" + f + "' (expected " + std::string(kSpecFields) + (allow_host_paths ? ", surrogate" : "") +
                   ", or a parameter of the press)");

@@ -808,7 +808,8 @@ TEST(BaselineScorers, NonCausalAttnPadsTheLastTileAsKvpress) {
 
 }  // namespace
 namespace kvzap {
-std::unique_ptr<Scorer> make_cap_scorer(const ModelConfig& c);  // press/scorer_cap.cpp
+std::unique_ptr<Scorer> make_cap_scorer(const ModelConfig& c, double tau = 5.0, int64_t n_future_positions = 512,
+                                        int64_t n_sink = 4, double epsilon = 1e-6);  // press/scorer_cap.cpp
 std::unique_ptr<Scorer> make_block_keydiff_scorer(int64_t block_size = 128);            // press/scorer_block_keydiff.cpp
 }  // namespace kvzap
 namespace {
@@ -1119,7 +1120,7 @@ TEST(BaselineBudgets, CriticalAdaKvSplitsTheLayerBudgetThenKeepsHalfOfEachHeadsS
 
 }  // namespace
 namespace kvzap {
-std::unique_ptr<Scorer> make_entropy_gated_chunkkv_scorer(const ModelConfig& c);  // press/scorer_entropy_gated_chunkkv.cpp
+std::unique_ptr<Scorer> make_entropy_gated_chunkkv_scorer(const ModelConfig& c, int64_t chunk_length = 10, int64_t low_entropy_chunk_length = 4);  // press/scorer_entropy_gated_chunkkv.cpp
 }  // namespace kvzap
 namespace {
 
@@ -1340,6 +1341,16 @@ TEST_F(BaselinesWithModel, MorePressParametersChangeWhatIsKept) {
       {"compactor", {{"sink_size_start", 40}}},
       {"compactor", {{"sketch_dimension", 16}}},
       {"leverage_score", {{"sketch_dimension", 16}}},
+      {"critical_snapkv", {{"first_stage_ratio", 0.0}}},
+      {"critical_snapkv", {{"epsilon", 10.0}}},
+      {"critical_expected_attention", {{"first_stage_ratio", 1.0}}},
+      {"critical_adakv_snapkv", {{"alpha_safeguard", 1.0}}},
+      {"critical_adakv_expected_attention", {{"first_stage_ratio", 0.0}}},
+      {"cap", {{"tau", 0.5}}},
+      {"cap", {{"n_future_positions", 16}}},
+      {"adakv_cap", {{"alpha_safeguard", 1.0}}},
+      {"entropy_gated_chunkkv", {{"chunk_length", 16}}},
+      {"entropy_gated_chunkkv", {{"low_entropy_chunk_length", 1}}},
   };
   for (const Case& k : cases) {
     if (!test::press_selected(k.press)) continue;
@@ -1352,7 +1363,8 @@ TEST_F(BaselinesWithModel, MorePressParametersChangeWhatIsKept) {
   // Sinks: the first n_sink / num_sinks positions stay in every stream (at a ratio where LagKV's sinks and
   // kept tail, all scoring 1, fit the budget).
   for (const auto& [press, name] : std::vector<std::pair<const char*, const char*>>{
-           {"expected_attention_uniform", "n_sink"}, {"lagkv", "n_sink"}, {"cur", "num_sinks"}, {"compactor", "sink_size_start"}}) {
+           {"expected_attention_uniform", "n_sink"}, {"lagkv", "n_sink"}, {"cur", "num_sinks"}, {"compactor", "sink_size_start"},
+           {"cap", "n_sink"}}) {
     SCOPED_TRACE(press);
     kept_with({{"press", press}, {"ratio", 0.3}, {name, 40}});
     for (int l = 0; l < c.n_layer; l++)
@@ -1363,6 +1375,10 @@ TEST_F(BaselinesWithModel, MorePressParametersChangeWhatIsKept) {
             kept_with({{"press", "keydiff"}, {"ratio", 0.5}, {"ratio_scope", "head"}}));
   EXPECT_EQ(kept_with({{"press", "expected_attention"}, {"ratio", 0.5}, {"alpha_safeguard", 1.0}}),
             kept_with({{"press", "expected_attention_uniform"}, {"ratio", 0.5}, {"ratio_scope", "head"}}));
+  // A pair kvpress refuses, refused when the press is made.
+  EXPECT_THROW(make_press(press_spec_from_json({{"press", "entropy_gated_chunkkv"}, {"ratio", 0.5}, {"chunk_length", 4}}),
+                          *model_),
+               Error);
 }
 
 TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {

@@ -172,6 +172,22 @@ TEST(PressSpec, KvpressArgumentsOfThePressesAreDeclared) {
   EXPECT_NE(spec_error({{"press", "adakv_knorm"}, {"window_size", 8}}).find("press 'adakv_knorm': alpha_safeguard"),
             std::string::npos);
   EXPECT_NO_THROW(press_spec_from_json({{"press", "adakv_expected_attention"}, {"ratio", 0.5}, {"alpha_safeguard", 0.5}}));
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "critical_snapkv"}, {"ratio", 0.5}}), "epsilon"), 1e-4);
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "critical_adakv_snapkv"}, {"ratio", 0.5}}), "alpha_safeguard"), 0.2);
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "cap"}, {"ratio", 0.5}}), "tau"), 5);
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "entropy_gated_chunkkv"}, {"ratio", 0.5}}), "low_entropy_chunk_length"), 4);
+  EXPECT_NE(spec_error({{"press", "critical_snapkv"}, {"first_stage_ratio", 1.5}}).find("press.first_stage_ratio"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "critical_snapkv"}, {"alpha_safeguard", 0.5}}).find("press 'critical_snapkv': epsilon, first_stage_ratio)"),
+            std::string::npos);
+  EXPECT_NE(spec_error({{"press", "cap"}, {"tau", -1}}).find("press.tau"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "entropy_gated_chunkkv"}, {"low_entropy_chunk_length", 0}}).find("press.low_entropy_chunk_length"),
+            std::string::npos);
+  // kvpress's booleans as JSON booleans (Python's use_vnorm=False): 0 / 1.
+  const PressSpec b = press_spec_from_json({{"press", "expected_attention"}, {"ratio", 0.5}, {"use_vnorm", false}});
+  EXPECT_EQ(press_param(b, "use_vnorm"), 0);
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "cur"}, {"ratio", 0.5}, {"use_local_approximation", true}}),
+                        "use_local_approximation"), 1);
+  EXPECT_NE(spec_error({{"press", "knorm"}, {"use_vnorm", false}}).find("unknown field 'press.use_vnorm'"), std::string::npos);
 }
 
 // The server: kv_compression reaches every field of the press, on top of the server's default, and a
