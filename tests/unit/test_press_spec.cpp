@@ -230,5 +230,23 @@ TEST(PressSpec, CliFlagsDeliverEveryField) {
   EXPECT_EQ(j["press_key"].get<std::string>(), press_spec_key(&s));
 }
 
+// --press-param: kvpress's booleans as True / False (or 1 / 0), ranges refused with the parameter's name.
+TEST(PressSpec, CliPressParamsTakeBooleansAndRefuseRanges) {
+  const std::string model = test::default_model_path();
+  ASSERT_TRUE(std::filesystem::exists(model)) << "run `kvzap pull`";
+  const test::CommandResult r = test::run_kvzap(
+      "generate -t 2 -p 'Hello there, how are you today?' -n 1 --json --press expected_attention --ratio 0.5 "
+      "--press-param use_vnorm=False --press-param n_sink=3 --press-param alpha_safeguard=0.5");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const PressSpec s = press_spec_from_json(json::parse(r.out)["press_spec"]);
+  EXPECT_EQ(press_param(s, "use_vnorm"), 0);
+  EXPECT_EQ(press_param(s, "n_sink"), 3);
+  EXPECT_EQ(press_param(s, "alpha_safeguard"), 0.5);
+  const test::CommandResult bad = test::run_kvzap(
+      "generate -t 2 -p 'Hello there' -n 1 --press adakv_knorm --ratio 0.5 --press-param alpha_safeguard=2");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("'--press-param alpha_safeguard' must be a number in [0, 1]"), std::string::npos) << bad.err;
+}
+
 }  // namespace
 }  // namespace kvzap
