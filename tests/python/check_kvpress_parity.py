@@ -179,6 +179,12 @@ def presses():
     add("entropy_gated_chunkkv", "head",
         lambda r: K.EntropyGatedChunkKVPress(press=sn(compression_ratio=r), chunk_length=16, low_entropy_chunk_length=6),
         variant="chunk_length=16 low_entropy_chunk_length=6", params={"chunk_length": 16, "low_entropy_chunk_length": 6})
+    # Edges where kvpress's rule changes: no safeguard at alpha_safeguard 0, no first stage at 0.
+    add("expected_attention", "adakv",
+        lambda r: K.AdaKVPress(EA(compression_ratio=r, epsilon=1e-2), alpha_safeguard=0.0),
+        variant="alpha_safeguard=0", params={"alpha_safeguard": 0})
+    add("critical_snapkv", "head", lambda r: K.CriticalKVPress(sn(compression_ratio=r), first_stage_ratio=0.0),
+        variant="first_stage_ratio=0", params={"first_stage_ratio": 0})
     # Negative control: a different press must be told apart (the comparison can fail).
     add("knorm", "head", lambda r: K.KeyDiffPress(compression_ratio=r), expect="differ",
         why="negative control", variant="against kvpress KeyDiffPress")

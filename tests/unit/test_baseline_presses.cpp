@@ -1005,6 +1005,16 @@ TEST(BaselineBudgets, AdaKvPoolsALayersBudgetWithASafeguardPerHead) {
   std::sort(all.begin(), all.end());
   for (int r = 0; r < 100; r++) EXPECT_EQ(drop[(size_t)2 + all[(size_t)r].second / T][(size_t)(all[(size_t)r].second % T)], r < 70 ? 1 : 0) << r;
   EXPECT_EQ(parse_ratio_scope("adakv"), RatioScope::AdaKv);
+  // alpha_safeguard (kvpress AdaKVPress): 0.5 protects int(15 * 0.5) = 7 of head 0; 0 protects none (head 0
+  // loses everything, no max(1, ...)); 0.01 protects at least 1.
+  auto low_head_kept = [&](double alpha) {
+    EvictionMask d = empty_mask(cache);
+    mark_lowest(cache, s, ratio, RatioScope::AdaKv, d, false, alpha);
+    return T - (int)std::count(d[0].begin(), d[0].end(), 1);
+  };
+  EXPECT_EQ(low_head_kept(0.5), 7);
+  EXPECT_EQ(low_head_kept(0.0), 0);
+  EXPECT_EQ(low_head_kept(0.01), 1);
 }
 
 TEST(BaselineBudgets, AdaKvWrapperAndChunkKvUnderTheRatioPolicy) {
