@@ -88,9 +88,13 @@ PressSpec PressArgs::spec() const {
   for (const std::string& a : params) {
     const size_t eq = a.find('=');
     char* end = nullptr;
-    const double v = eq == std::string::npos ? 0 : std::strtod(a.c_str() + eq + 1, &end);
-    if (eq == std::string::npos || eq == 0 || end == a.c_str() + eq + 1 || *end != '\0')
-      throw Error("--press-param takes NAME=VALUE with a number, got '" + a + "'");
+    double v = eq == std::string::npos ? 0 : std::strtod(a.c_str() + eq + 1, &end);
+    // kvpress's boolean arguments (use_vnorm=False) as 0 / 1.
+    const std::string text = eq == std::string::npos ? "" : a.substr(eq + 1);
+    const bool boolean = text == "true" || text == "True" || text == "false" || text == "False";
+    if (boolean) v = text[0] == 't' || text[0] == 'T' ? 1 : 0;
+    if (eq == std::string::npos || eq == 0 || (!boolean && (end == a.c_str() + eq + 1 || *end != '\0')))
+      throw Error("--press-param takes NAME=VALUE with a number (or true / false), got '" + a + "'");
     patch.params[a.substr(0, eq)] = {v, "--press-param " + a.substr(0, eq)};
   }
   return press_spec_apply(o, patch);  // checks each against the press's declared parameters

@@ -50,7 +50,8 @@ int run_presses(bool json) {
     if (!e->traits.params.empty())
       std::printf("%-*s  %-16s  parameters (--press-param): %s\n", (int)w, "", "", params_text(e->traits).c_str());
   }
-  std::printf("\nadakv_<press>: any press under AdaKV's budget (kvpress AdaKVPress); parity in docs/PARITY.md\n");
+  std::printf("\nadakv_<press>: any press under AdaKV's budget (kvpress AdaKVPress), with the press's parameters and "
+              "alpha_safeguard=0.2; parity in docs/PARITY.md\n");
   return 0;
 }
 

@@ -94,13 +94,28 @@ std::unique_ptr<Scorer> make_observed_attention_scorer(const ModelConfig& c);
 // use_vnorm false: the softmax scores alone, without (score + epsilon) x ||v|| (for CriticalKV, which
 // weighs values itself).
 std::unique_ptr<Scorer> make_expected_attention_scorer(const ModelConfig& c, double epsilon, bool use_vnorm = true);
+// kvpress ExpectedAttentionPress's arguments (kvzap's epsilon default: the leaderboard's 1e-2).
+struct ExpectedAttentionOptions {
+  int64_t n_future_positions = 512;
+  int64_t n_sink = 4;
+  bool use_covariance = true;
+  bool use_vnorm = true;
+  double epsilon = 1e-2;
+};
+std::unique_ptr<Scorer> make_expected_attention_scorer(const ModelConfig& c, const ExpectedAttentionOptions& o);
+// The options a spec gives (press parameters of expected_attention_params()), and those parameters.
+ExpectedAttentionOptions expected_attention_options(const PressSpec& spec);
+std::vector<PressParam> expected_attention_params();
 std::unique_ptr<Scorer> make_pyramidkv_scorer(const ModelConfig& c, int window = kSnapKvWindow, int kernel = 5, int beta = 20);
-// AdaKV around any scorer; the ratio policy then splits the budget as RatioScope::AdaKv.
-std::unique_ptr<Scorer> make_adakv_scorer(std::unique_ptr<Scorer> inner);
+// AdaKV around any scorer; the ratio policy then splits the budget as RatioScope::AdaKv, each head
+// keeping at least alpha_safeguard of its uniform share (kvpress AdaKVPress alpha_safeguard).
+std::unique_ptr<Scorer> make_adakv_scorer(std::unique_ptr<Scorer> inner, double alpha_safeguard = kAdaKvSafeguard);
+// The alpha_safeguard press parameter every AdaKV press declares.
+PressParam adakv_alpha_safeguard_param();
 std::unique_ptr<Scorer> make_keydiff_scorer();
-std::unique_ptr<Scorer> make_lagkv_scorer();
+std::unique_ptr<Scorer> make_lagkv_scorer(int64_t n_sink = 4, int64_t lag_size = 128);
 std::unique_ptr<Scorer> make_chunkkv_scorer(const ModelConfig& c, int64_t chunk_length = 20);
-std::unique_ptr<Scorer> make_cur_scorer();
+std::unique_ptr<Scorer> make_cur_scorer(int64_t num_sinks = 4, int64_t local_window_size = 16, bool use_local_approximation = true);
 // blending: kvpress uses the compression ratio (0.35 if unset).
 std::unique_ptr<Scorer> make_compactor_scorer(const ModelConfig& c, double blending, uint64_t seed);
 // The tiled non-causal attention half of Compactor on its own or with other protected ends
@@ -109,19 +124,35 @@ struct NonCausalOptions {
   int64_t sink_start = 8, sink_end = 4;  // entries at either end that score +inf (not in any tile)
   bool leverage = true;                  // blend in the sketched leverage (Compactor)
   bool pad_last_tile = false;            // kvpress 0.5.5's padding of the last partial tile (see the source)
+  int64_t tile = 256;                    // kvpress chunk_size: the tiles' length
+  int sketch = 48;                       // kvpress sketch_dimension: the leverage's Gaussian sketch width
 };
 std::unique_ptr<Scorer> make_non_causal_scorer(const ModelConfig& c, const NonCausalOptions& o);
+// blending: kvpress uses the compression ratio (0.35 if unset); o: the sinks, tile and sketch (leverage on).
+std::unique_ptr<Scorer> make_compactor_scorer(const ModelConfig& c, double blending, uint64_t seed, const NonCausalOptions& o);
+// Compactor's press parameters (kvpress CompactorPress sink_size_start, sink_size_end, chunk_size,
+// sketch_dimension) and the options a spec gives.
+std::vector<PressParam> compactor_params();
+NonCausalOptions compactor_options(const PressSpec& spec);
 
 // CriticalKV (kvpress CriticalKVPress, press/scorer_critical_snapkv.cpp) around a context scorer: the best
 // max(1, int((1 - ratio) T / 2)) entries of each head kept, every other score times ||W_O^(q) v||_1.
 // wo: [layer][n_embd][n_head * head_dim], as output_projections(model) gives it.
+// epsilon, first_stage_ratio: kvpress CriticalKVPress's arguments (first stage int((1 - ratio) T x
+// first_stage_ratio), at least 1 unless first_stage_ratio is 0).
 std::unique_ptr<Scorer> make_critical_scorer(std::unique_ptr<Scorer> inner, const ModelConfig& c,
-                                             std::vector<std::vector<float>> wo, double ratio);
+                                             std::vector<std::vector<float>> wo, double ratio, double epsilon = 1e-4,
+                                             double first_stage_ratio = 0.5);
+// The press parameters of the CriticalKV presses (epsilon, first_stage_ratio; adakv: alpha_safeguard too).
+std::vector<PressParam> critical_params(bool adakv);
 std::vector<std::vector<float>> output_projections(const Model& m);
 // CriticalAdaKV (kvpress CriticalAdaKVPress, press/scorer_critical_adakv_expected_attention.cpp) around a
 // context scorer: AdaKV's per-layer budget, then CriticalKV's two stages within each head's share.
 std::unique_ptr<Scorer> make_critical_adakv_scorer(std::unique_ptr<Scorer> inner, const ModelConfig& c,
-                                                   std::vector<std::vector<float>> wo);
+                                                   std::vector<std::vector<float>> wo, double epsilon = 1e-4,
+                                                   double first_stage_ratio = 0.5, double alpha_safeguard = kAdaKvSafeguard);
+// make_critical_adakv_scorer with a spec's press parameters (critical_params(true)).
+std::unique_ptr<Scorer> make_critical_adakv_scorer(std::unique_ptr<Scorer> inner, const Model& m, const PressSpec& spec);
 // CriticalKV's value weights for stream (l, hk): out[i] = ||W_O^(q) v_i||_1 averaged over the G query heads q
 // of the group; wo is the layer's [n_embd][n_head * head_dim].
 void projected_value_norms(const KvCache& cache, int l, int hk, const ModelConfig& c, const std::vector<float>& wo,

@@ -95,9 +95,9 @@ int64_t evict_marked(KvCache& cache, const EvictionMask& drop);
 // scores: [layer][head][slot] for every kept entry. Returns the number of entries removed.
 int64_t evict_lowest(KvCache& cache, const CacheScores& scores, double ratio, RatioScope scope,
                      bool include_sliding = false);
-// The same choice, as a mask (nothing is evicted).
+// The same choice, as a mask (nothing is evicted); AdaKv protects alpha_safeguard of each head's share.
 void mark_lowest(const KvCache& cache, const CacheScores& scores, double ratio, RatioScope scope, EvictionMask& drop,
-                 bool include_sliding = false);
+                 bool include_sliding = false, double alpha_safeguard = kAdaKvSafeguard);
 // Marks the n lowest entries of one stream (ties: lowest slot first).
 void mark_lowest_in_stream(const std::vector<float>& scores, int64_t n, std::vector<uint8_t>& drop);
 // Checks that scores has one value per kept entry of the cache; throws kvzap::Error otherwise.

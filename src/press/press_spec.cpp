@@ -66,6 +66,8 @@ PressSpecPatch parse_press_spec_patch(const json& v, const std::string& where, b
       s.surrogate = text(val, f);
     } else if (val.is_number()) {
       s.params[key] = {number_in(val, f, -1e9, 1e9), f};  // checked against the press in press_spec_apply
+    } else if (val.is_boolean()) {
+      s.params[key] = {val.get<bool>() ? 1.0 : 0.0, f};  // kvpress's boolean arguments (use_vnorm=False): 0 / 1
     } else {
       throw Error("unknown field '" + f + "' (expected " + std::string(kSpecFields) + (allow_host_paths ? ", surrogate" : "") +
                   ", or a parameter of the press)");
@@ -75,8 +77,11 @@ PressSpecPatch parse_press_spec_patch(const json& v, const std::string& where, b
   // A name no press takes is refused here; whether the press it ends up with takes it, in press_spec_apply.
   for (const auto& [key, given] : s.params) {
     bool declared = false;
-    for (const ScorerEntry& e : scorer_registry())
-      for (const PressParam& d : e.traits.params) declared |= d.name == key && (!s.press || find_press_entry(*s.press) == &e);
+    if (s.press)
+      for (const PressParam& d : press_traits(*s.press).params) declared |= d.name == key;
+    else
+      for (const ScorerEntry& e : scorer_registry())
+        for (const PressParam& d : e.traits.params) declared |= d.name == key;
     if (!declared && !(s.press && !find_press_entry(*s.press)))
       throw Error("unknown field '" + given.second + "' (expected " + kSpecFields + (allow_host_paths ? ", surrogate" : "") +
                   (s.press ? ", or a parameter of press '" + *s.press + "': " + declared_params(press_traits(*s.press))

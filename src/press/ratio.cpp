@@ -75,7 +75,7 @@ void add_stream(std::vector<Candidate>& cands, const std::vector<float>& s, int 
 
 // kvpress AdaKVPress for one layer (see evict_lowest in policy.h).
 void mark_adakv_layer(const KvCache& cache, const CacheScores& scores, int l, double ratio, EvictionMask& drop,
-                      std::vector<Candidate>& cands) {
+                      std::vector<Candidate>& cands, double alpha_safeguard) {
   const int H = cache.n_head_kv();
   cands.clear();
   int64_t n_pruned = 0;
@@ -85,7 +85,9 @@ void mark_adakv_layer(const KvCache& cache, const CacheScores& scores, int l, do
     const int64_t T = (int64_t)s.size();
     const int64_t n_kept = kvpress_n_kept(ratio, T);
     // kvpress: at least one protected entry per head while any is kept.
-    const int64_t n_safe = n_kept > 0 ? std::max<int64_t>(1, (int64_t)((double)n_kept * kAdaKvSafeguard)) : 0;
+    // (alpha_safeguard 0: none protected.)
+    int64_t n_safe = (int64_t)((double)n_kept * alpha_safeguard);
+    if (alpha_safeguard > 0) n_safe = n_kept > 0 ? std::max<int64_t>(1, n_safe) : 0;
     n_pruned += T - n_kept;
     head.clear();
     add_stream(head, s, l, h);
@@ -145,7 +147,7 @@ void mark_lowest_in_stream(const std::vector<float>& scores, int64_t n, std::vec
 }
 
 void mark_lowest(const KvCache& cache, const CacheScores& scores, double ratio, RatioScope scope, EvictionMask& drop,
-                 bool include_sliding) {
+                 bool include_sliding, double alpha_safeguard) {
   check_score_shape(cache, scores);
   if (!(ratio > 0)) return;  // ratio 0: the cache is not touched at all
   const int L = cache.n_layer(), H = cache.n_head_kv();
@@ -176,7 +178,7 @@ void mark_lowest(const KvCache& cache, const CacheScores& scores, double ratio, 
       break;
     case RatioScope::AdaKv:
       for (int l = 0; l < L; l++)
-        if (!skip(l)) mark_adakv_layer(cache, scores, l, ratio, drop, cands);
+        if (!skip(l)) mark_adakv_layer(cache, scores, l, ratio, drop, cands, alpha_safeguard);
       break;
   }
 }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <mutex>
 
 #include "kvzap/error.h"
 #include "press/baselines.h"
@@ -50,7 +52,18 @@ const ScorerEntry* find_press_entry(const std::string& name) {
 const PressTraits& press_traits(const std::string& name) {
   static const PressTraits defaults;
   const ScorerEntry* e = find_press_entry(name);
-  return e ? e->traits : defaults;
+  if (!e) return defaults;
+  if (e->name == name) return e->traits;
+  // "adakv_<press>" wrapping a registered press: its traits and AdaKV's alpha_safeguard, unless the
+  // press is an AdaKV press already (it declares the parameter itself).
+  for (const PressParam& p : e->traits.params)
+    if (p.name == "alpha_safeguard") return e->traits;
+  static std::mutex mu;
+  static std::map<std::string, PressTraits> wrapped;  // node-based: references stay valid
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, fresh] = wrapped.try_emplace(e->name, e->traits);
+  if (fresh) it->second.params.push_back(adakv_alpha_safeguard_param());
+  return it->second;
 }
 
 double press_param(const PressSpec& spec, const std::string& name) {
@@ -113,7 +126,8 @@ std::unique_ptr<Press> make_press(const PressSpec& options, const Model& model) 
       const auto* split = dynamic_cast<BudgetSplit*>(scorer.get());
       if (split && split->budget_name() != "adakv")
         throw Error("press '" + name + "' splits its budget itself and cannot be wrapped in AdaKV");
-      if (!split) scorer = make_adakv_scorer(std::move(scorer));  // an AdaKV press stays as it is
+      // An AdaKV press stays as it is (it read alpha_safeguard itself).
+      if (!split) scorer = make_adakv_scorer(std::move(scorer), press_param(opt, "alpha_safeguard"));
     }
     return scorer;
   };

@@ -12,7 +12,8 @@ namespace {
 
 class AdaKvScorer : public Scorer, public CacheScorer, public BudgetSplit {
  public:
-  explicit AdaKvScorer(std::unique_ptr<Scorer> inner) : inner_(std::move(inner)), cache_inner_(dynamic_cast<CacheScorer*>(inner_.get())) {}
+  AdaKvScorer(std::unique_ptr<Scorer> inner, double alpha)
+      : inner_(std::move(inner)), cache_inner_(dynamic_cast<CacheScorer*>(inner_.get())), alpha_(alpha) {}
 
   bool per_step() const override { return inner_->per_step(); }
   bool scores_sliding_layers() const override { return inner_->scores_sliding_layers(); }
@@ -31,32 +32,51 @@ class AdaKvScorer : public Scorer, public CacheScorer, public BudgetSplit {
 
   std::string budget_name() const override { return "adakv"; }
   void mark_evictions(const KvCache& cache, const CacheScores& scores, double ratio, EvictionMask& drop) override {
-    mark_lowest(cache, scores, ratio, RatioScope::AdaKv, drop);
+    mark_lowest(cache, scores, ratio, RatioScope::AdaKv, drop, false, alpha_);
   }
 
  private:
   std::unique_ptr<Scorer> inner_;
   CacheScorer* cache_inner_;
+  double alpha_;  // kvpress alpha_safeguard
 };
 
 }  // namespace
 
-std::unique_ptr<Scorer> make_adakv_scorer(std::unique_ptr<Scorer> inner) {
+std::unique_ptr<Scorer> make_adakv_scorer(std::unique_ptr<Scorer> inner, double alpha_safeguard) {
   if (dynamic_cast<BudgetSplit*>(inner.get())) throw Error("AdaKV cannot wrap a press that splits its budget itself");
-  return std::make_unique<AdaKvScorer>(std::move(inner));
+  if (!(alpha_safeguard >= 0 && alpha_safeguard <= 1))
+    throw Error("AdaKV's alpha_safeguard must be in [0, 1], got " + std::to_string(alpha_safeguard));
+  return std::make_unique<AdaKvScorer>(std::move(inner), alpha_safeguard);
+}
+
+PressParam adakv_alpha_safeguard_param() {
+  return {"alpha_safeguard", kAdaKvSafeguard, 0, 1, false, "the share of its uniform budget each head keeps at least"};
 }
 
 namespace {
 RegisterScorer reg_snapkv({"adakv_snapkv",
                            "AdaKV(SnapKV): per-layer budget shared by the heads, each keeps >= 20% of its share "
                            "(also adakv_<any press>, or --ratio-scope adakv)",
-                           false, [](const PressSpec&, const Model& m) { return make_adakv_scorer(make_snapkv_scorer(m.config())); },
-                           {.min_context_tokens = kSnapKvWindow, .kvpress_parity = "exact (kvpress AdaKVPress(SnapKVPress))"}});
+                           false,
+                           [](const PressSpec& o, const Model& m) {
+                             return make_adakv_scorer(std::make_unique<SnapKvScorer>(m.config(), (int)press_param(o, "window_size"),
+                                                                                     (int)press_param(o, "kernel_size")),
+                                                      press_param(o, "alpha_safeguard"));
+                           },
+                           {.min_context_tokens = kSnapKvWindow,
+                            .min_context_param = "window_size",
+                            .params = {{"window_size", kSnapKvWindow, 1, 4096, true, "the last queries that vote"},
+                                       {"kernel_size", 5, 1, 63, true, "the pooling width of the votes, odd"},
+                                       adakv_alpha_safeguard_param()},
+                            .kvpress_parity = "exact (kvpress AdaKVPress(SnapKVPress))"}});
 RegisterScorer reg_compactor({"adakv_compactor", "AdaKV(Compactor), the kvpress leaderboard's Compactor entry", false,
                               [](const PressSpec& o, const Model& m) {
-                                return make_adakv_scorer(make_compactor_scorer(m.config(), o.ratio, o.seed));
+                                return make_adakv_scorer(make_compactor_scorer(m.config(), o.ratio, o.seed),
+                                                         press_param(o, "alpha_safeguard"));
                               },
-                              {.kvpress_parity = "cannot match exactly: kvpress draws its Gaussian sketch unseeded (Jaccard ~0.9)"}});
+                              {.params = {adakv_alpha_safeguard_param()},
+                               .kvpress_parity = "cannot match exactly: kvpress draws its Gaussian sketch unseeded (Jaccard ~0.9)"}});
 }  // namespace
 
 }  // namespace kvzap

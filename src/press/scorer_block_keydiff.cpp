@@ -1,6 +1,6 @@
 // "block_keydiff" (docs/ALGORITHMS.md §8.17, kvpress BlockPress(KeyDiffPress(), block_size=128)): KeyDiff
 // applied block by block, as a streaming cache would. Per (layer, KV head) of T entries with n = max(1,
-// int(T (1 - ratio))) to keep: the kept set starts as the first n entries; for each next block of 128
+// int(T (1 - ratio))) to keep: the kept set starts as the first n entries; for each next block of 128 (block_size)
 // entries (the last one shorter), KeyDiff scores the kept set plus the block (anchor = mean of their
 // L2-normalised keys, score = -cos(k, anchor)) and the n best of them stay. It chooses its own kept sets
 // (the ratio scope does not apply). Its scores (what `score` and the recompute test see) are KeyDiff's on
@@ -16,8 +16,6 @@
 namespace kvzap {
 namespace {
 
-constexpr int64_t kBlock = 128;
-
 // -cos(k_i, anchor) for the entries `idx` of one stream's keys [T][D], anchor over the same entries.
 void keydiff_scores(const std::vector<float>& keys, int D, const std::vector<int64_t>& idx, std::vector<double>& out) {
   out.resize(idx.size());
@@ -26,8 +24,8 @@ void keydiff_scores(const std::vector<float>& keys, int D, const std::vector<int
 
 class BlockKeyDiffScorer : public CacheContextScorer, public BudgetSplit {
  public:
-  BlockKeyDiffScorer() : inner_(make_keydiff_scorer()) {}
-  std::string budget_name() const override { return "blocks of 128"; }
+  explicit BlockKeyDiffScorer(int64_t block_size) : inner_(make_keydiff_scorer()), block_(block_size) {}
+  std::string budget_name() const override { return "blocks of " + std::to_string(block_); }
 
   void set_pool(ThreadPool* pool) override {
     CacheContextScorer::set_pool(pool);
@@ -48,7 +46,7 @@ class BlockKeyDiffScorer : public CacheContextScorer, public BudgetSplit {
       const int64_t T = cache.length(l, h);
       if (T <= 0 || !(ratio > 0)) return;
       const int64_t n = std::max<int64_t>(1, (int64_t)((double)T * (1.0 - ratio)));
-      const int64_t block = std::min(kBlock, T);
+      const int64_t block = std::min(block_, T);
       std::vector<float> keys;
       stream_keys(cache, l, h, keys);
       std::vector<int64_t> kept((size_t)n), cand, order;
@@ -72,19 +70,22 @@ class BlockKeyDiffScorer : public CacheContextScorer, public BudgetSplit {
 
  private:
   std::unique_ptr<Scorer> inner_;
+  int64_t block_;  // kvpress block_size
 };
 
 }  // namespace
 
 // For the unit test (tests/unit/test_baseline_presses.cpp), which has no Model.
-std::unique_ptr<Scorer> make_block_keydiff_scorer() { return std::make_unique<BlockKeyDiffScorer>(); }
+std::unique_ptr<Scorer> make_block_keydiff_scorer(int64_t block_size) { return std::make_unique<BlockKeyDiffScorer>(block_size); }
 
 namespace {
 RegisterScorer reg({"block_keydiff",
                     "BlockPress(KeyDiff): KeyDiff over the kept entries plus each next block of 128, keeping the "
                     "budget every block (the ratio scope does not apply)",
-                    false, [](const PressSpec&, const Model&) { return make_block_keydiff_scorer(); },
-                    {.kvpress_parity = "exact (kvpress BlockPress(KeyDiffPress))"}});
+                    false,
+                    [](const PressSpec& o, const Model&) { return make_block_keydiff_scorer((int64_t)press_param(o, "block_size")); },
+                    {.params = {{"block_size", 128, 1, 1 << 20, true, "entries added to the kept set per step"}},
+                     .kvpress_parity = "exact (kvpress BlockPress(KeyDiffPress))"}});
 
 }  // namespace
 }  // namespace kvzap

@@ -4,6 +4,7 @@
 // RoPE), s_i = clamp(cos(a, k_i), -1, 1) and the weight w_i = exp(tau s_i - max_j tau s_j), tau = 5. With
 // the non-sink values v_i of the group's KV head, M = I + sum_j (w_j + 1e-6) v_j v_j^T (D x D) and the
 // leverage l_i = v_i^T M^-1 v_i; score_i = w_i l_i, averaged over the G query heads. The 4 sinks are kept.
+// tau, n_future_positions, n_sink and epsilon are press parameters (kvpress CapPress's arguments).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -15,9 +16,6 @@
 namespace kvzap {
 namespace {
 
-constexpr int kSinks = 4;
-constexpr int kFuturePositions = 512;
-constexpr double kTau = 5.0, kEpsilon = 1e-6;
 
 // Cholesky factor of a symmetric positive definite A [n][n] in place (lower triangle L, A = L L^T).
 void cholesky(std::vector<double>& A, int n) {
@@ -51,7 +49,9 @@ void cholesky_solve(const std::vector<double>& Lf, int n, std::vector<double>& b
 
 class CapScorer : public CacheContextScorer {
  public:
-  explicit CapScorer(const ModelConfig& c) : cfg_(c), rope_(c), sum_q_((size_t)c.n_layer), n_((size_t)c.n_layer, 0) {
+  CapScorer(const ModelConfig& c, double tau, int64_t n_future_positions, int64_t n_sink, double epsilon)
+      : cfg_(c), tau_(tau), n_future_(n_future_positions), n_sink_(n_sink), epsilon_(epsilon), rope_(c),
+        sum_q_((size_t)c.n_layer), n_((size_t)c.n_layer, 0) {
     reset();
   }
 
@@ -60,7 +60,7 @@ class CapScorer : public CacheContextScorer {
     std::fill(n_.begin(), n_.end(), 0);
   }
 
-  // Sums the pre-RoPE queries at positions >= kSinks.
+  // Sums the pre-RoPE queries at positions >= n_sink_.
   void observe_step(const LayerStep& step, const KvCache&) override {
     const int H = cfg_.n_head, D = cfg_.head_dim;
     const size_t l = (size_t)step.layer;
@@ -69,7 +69,7 @@ class CapScorer : public CacheContextScorer {
     rope_.reserve((int64_t)max_pos + 1);
     std::vector<float> q((size_t)D);
     for (int64_t t = 0; t < step.n_tok; t++) {
-      if (step.pos[t] < kSinks) continue;
+      if (step.pos[t] < n_sink_) continue;
       n_[l]++;
       for (int h = 0; h < H; h++) {
         std::copy_n(step.q + (size_t)(t * H + h) * D, D, q.begin());
@@ -82,13 +82,13 @@ class CapScorer : public CacheContextScorer {
   void score_cache(const KvCache& cache, CacheScores& out) override {
     const int64_t T = require_full_context(cache, "cap");
     const int L = cfg_.n_layer, Hkv = cfg_.n_head_kv, G = cfg_.n_group(), D = cfg_.head_dim;
-    if (T <= kSinks) throw Error("cap needs a context longer than its " + std::to_string(kSinks) + " sink tokens");
+    if (T <= n_sink_) throw Error("cap needs a context longer than its " + std::to_string(n_sink_) + " sink tokens");
     size_scores(cache, out);
     for (int l = 0; l < L; l++)
-      if (judged_layer(cache, l) && n_[(size_t)l] != T - kSinks) throw Error("internal: cap did not see the whole context prefill");
+      if (judged_layer(cache, l) && n_[(size_t)l] != T - n_sink_) throw Error("internal: cap did not see the whole context prefill");
     std::vector<std::vector<double>> cbar((size_t)L), sbar((size_t)L);
-    for (int l = 0; l < L; l++) rope_.mean_rotation(l, T, kFuturePositions, cbar[(size_t)l], sbar[(size_t)l]);
-    const int64_t n = T - kSinks;
+    for (int l = 0; l < L; l++) rope_.mean_rotation(l, T, n_future_, cbar[(size_t)l], sbar[(size_t)l]);
+    const int64_t n = T - n_sink_;
     parallel_for((int64_t)L * Hkv, [&](int64_t task, int) {
       const int l = (int)(task / Hkv), hk = (int)(task % Hkv);
       if (!judged_layer(cache, l)) return;
@@ -111,25 +111,25 @@ class CapScorer : public CacheContextScorer {
         an = std::max(std::sqrt(an), 1e-12);  // F.normalize's eps
         double mx = -std::numeric_limits<double>::infinity();
         for (int64_t i = 0; i < n; i++) {
-          const float* k = keys.data() + (size_t)(kSinks + i) * D;
+          const float* k = keys.data() + (size_t)(n_sink_ + i) * D;
           double dotp = 0, kn = 0;
           for (int a = 0; a < D; a++) dotp += anchor[(size_t)a] * k[a], kn += (double)k[a] * k[a];
           const double c = std::clamp(dotp / an / std::max(std::sqrt(kn), 1e-12), -1.0, 1.0);
-          stat[(size_t)i] = kTau * c;
+          stat[(size_t)i] = tau_ * c;
           mx = std::max(mx, stat[(size_t)i]);
         }
         std::fill(M.begin(), M.end(), 0.0);
         for (int a = 0; a < D; a++) M[(size_t)a * D + a] = 1.0;
         for (int64_t i = 0; i < n; i++) {
           w[(size_t)i] = std::exp(stat[(size_t)i] - mx);
-          const float* v = values.data() + (size_t)(kSinks + i) * D;
-          const double f = w[(size_t)i] + kEpsilon;
+          const float* v = values.data() + (size_t)(n_sink_ + i) * D;
+          const double f = w[(size_t)i] + epsilon_;
           for (int a = 0; a < D; a++)
             for (int b = 0; b <= a; b++) M[(size_t)a * D + b] += f * v[a] * v[b];
         }
         cholesky(M, D);  // reads the lower triangle only
         for (int64_t i = 0; i < n; i++) {
-          const float* v = values.data() + (size_t)(kSinks + i) * D;
+          const float* v = values.data() + (size_t)(n_sink_ + i) * D;
           for (int a = 0; a < D; a++) x[(size_t)a] = v[a];
           cholesky_solve(M, D, x);
           double lev = 0;
@@ -138,13 +138,17 @@ class CapScorer : public CacheContextScorer {
         }
       }
       std::vector<float>& s = out[(size_t)l][(size_t)hk];
-      for (int64_t i = 0; i < kSinks; i++) s[(size_t)i] = std::numeric_limits<float>::infinity();
-      for (int64_t i = 0; i < n; i++) s[(size_t)(kSinks + i)] = (float)(acc[(size_t)i] / G);
+      for (int64_t i = 0; i < n_sink_; i++) s[(size_t)i] = std::numeric_limits<float>::infinity();
+      for (int64_t i = 0; i < n; i++) s[(size_t)(n_sink_ + i)] = (float)(acc[(size_t)i] / G);
     });
   }
 
  private:
   ModelConfig cfg_;
+  double tau_;                // kvpress tau: the relevance weights' temperature
+  int64_t n_future_;   // kvpress n_future_positions
+  int64_t n_sink_;             // kvpress n_sink
+  double epsilon_;            // kvpress epsilon, added to the weights
   RopeTable rope_;
   std::vector<std::vector<double>> sum_q_;  // [layer][n_head][D]: sum of pre-RoPE queries (positions >= 4)
   std::vector<int64_t> n_;                  // [layer] queries summed
@@ -153,14 +157,25 @@ class CapScorer : public CacheContextScorer {
 }  // namespace
 
 // For the unit test (tests/unit/test_baseline_presses.cpp), which has no Model.
-std::unique_ptr<Scorer> make_cap_scorer(const ModelConfig& c) { return std::make_unique<CapScorer>(c); }
+std::unique_ptr<Scorer> make_cap_scorer(const ModelConfig& c, double tau, int64_t n_future_positions, int64_t n_sink,
+                                        double epsilon) {
+  return std::make_unique<CapScorer>(c, tau, n_future_positions, n_sink, epsilon);
+}
 
 namespace {
 RegisterScorer reg({"cap",
                     "CAP: value leverage (v^T (I + sum w v v^T)^-1 v) weighted by exp(5 cos(anchor, k)), anchor = "
                     "mean query rotated by the RoPE averaged over 512 future positions; first 4 tokens kept",
-                    false, [](const PressSpec&, const Model& m) { return make_cap_scorer(m.config()); },
-                    {.kvpress_parity = "exact (kvpress CapPress)"}});
+                    false,
+                    [](const PressSpec& o, const Model& m) {
+                      return make_cap_scorer(m.config(), press_param(o, "tau"), (int64_t)press_param(o, "n_future_positions"),
+                                             (int64_t)press_param(o, "n_sink"), press_param(o, "epsilon"));
+                    },
+                    {.params = {{"tau", 5.0, 0, 1000, false, "the temperature of the query-relevance weights"},
+                                {"n_future_positions", 512, 1, 65536, true, "the next positions the RoPE rotation is averaged over"},
+                                {"n_sink", 4, 0, 1 << 20, true, "the first tokens always kept, their queries left out of the anchor"},
+                                {"epsilon", 1e-6, 0, 1e6, false, "added to the weights in the capacity matrix"}},
+                     .kvpress_parity = "exact (kvpress CapPress)"}});
 
 }  // namespace
 }  // namespace kvzap

@@ -26,8 +26,7 @@
 namespace kvzap {
 namespace {
 
-constexpr int64_t kSinkStart = 8, kSinkEnd = 4, kTile = 256;
-constexpr int kSketch = 48;
+constexpr int64_t kSinkStart = 8;
 
 class CompactorScorer : public CacheContextScorer {
  public:
@@ -55,10 +54,10 @@ class CompactorScorer : public CacheContextScorer {
       if (p < step.pos[0]) return st.pending.data() + (size_t)(p - st.pending_pos0) * row;
       return step.q + (size_t)(p - step.pos[0]) * row;
     };
-    while (st.next_tile + kTile + opt_.sink_end <= cache.n_past()) {
+    while (st.next_tile + opt_.tile + opt_.sink_end <= cache.n_past()) {
       if (st.next_tile < first) throw Error("internal: compactor lost the queries of a tile");
-      score_tile(step.layer, st.next_tile, st.next_tile + kTile, query_row, cache);
-      st.next_tile += kTile;
+      score_tile(step.layer, st.next_tile, st.next_tile + opt_.tile, query_row, cache);
+      st.next_tile += opt_.tile;
     }
     // Keep the queries of the unfinished tile (positions >= next_tile) for later steps.
     const int64_t end = step.pos[0] + step.n_tok;
@@ -90,8 +89,8 @@ class CompactorScorer : public CacheContextScorer {
           throw Error("internal: compactor did not see the whole context prefill");
         return st.pending.data() + (size_t)(p - st.pending_pos0) * row;
       };
-      for (; st.next_tile < mid_end; st.next_tile += kTile)
-        score_tile(l, st.next_tile, std::min(mid_end, st.next_tile + kTile), query_row, cache);
+      for (; st.next_tile < mid_end; st.next_tile += opt_.tile)
+        score_tile(l, st.next_tile, std::min(mid_end, st.next_tile + opt_.tile), query_row, cache);
     }
     rope_.reserve(T);
     std::vector<float> lev((size_t)(L * Hkv * S)), att((size_t)(L * Hkv * S));
@@ -104,8 +103,8 @@ class CompactorScorer : public CacheContextScorer {
       float* k_mid = keys.data() + (size_t)left * D;
       for (int64_t i = 0; i < S; i++) rope_.unrotate(k_mid + (size_t)i * D, (int32_t)(left + i), l);
       if (opt_.leverage) {
-        const std::vector<double> phi = gaussian_sketch(seed_, l, hk, D, kSketch);
-        sketched_leverage(k_mid, S, D, phi.data(), kSketch, &lev[(size_t)(task * S)]);
+        const std::vector<double> phi = gaussian_sketch(seed_, l, hk, D, opt_.sketch);
+        sketched_leverage(k_mid, S, D, phi.data(), opt_.sketch, &lev[(size_t)(task * S)]);
       }
       const Layer& st = layers_[(size_t)l];
       for (int g = 0; g < G; g++) {
@@ -160,11 +159,11 @@ class CompactorScorer : public CacheContextScorer {
       transpose_rows(keys.data(), D, n, D, kt.data());
       std::vector<float>& cs = st.colsum[(size_t)hq];
       if ((int64_t)cs.size() < e) cs.resize((size_t)e, 0.0f);
-      if (opt_.pad_last_tile && n < kTile) {
-        // kvpress 0.5.5 pads the last tile to kTile with zero queries and keys and masks them with logits 0
-        // and -1e-9 (exp(-1e-9) == 1 in f32): each real row also weighs kTile - n keys of logit 0, and each
-        // of the kTile - n padding rows gives every real key exactly 1 / kTile.
-        const int64_t pad = kTile - n;
+      if (opt_.pad_last_tile && n < opt_.tile) {
+        // kvpress 0.5.5 pads the last tile to opt_.tile with zero queries and keys and masks them with logits 0
+        // and -1e-9 (exp(-1e-9) == 1 in f32): each real row also weighs opt_.tile - n keys of logit 0, and each
+        // of the opt_.tile - n padding rows gives every real key exactly 1 / opt_.tile.
+        const int64_t pad = opt_.tile - n;
         std::vector<double> logit((size_t)n);
         for (int64_t j = 0; j < n; j++) {
           const float* q = tile_q_.data() + (size_t)j * row + (size_t)hq * D;
@@ -179,7 +178,7 @@ class CompactorScorer : public CacheContextScorer {
           for (int64_t i = 0; i < n; i++) sum += (logit[(size_t)i] = std::exp(logit[(size_t)i] - mx));
           for (int64_t i = 0; i < n; i++) cs[(size_t)(s + i)] += (float)(logit[(size_t)i] / sum);
         }
-        for (int64_t i = 0; i < n; i++) cs[(size_t)(s + i)] += (float)((double)pad / (double)kTile);
+        for (int64_t i = 0; i < n; i++) cs[(size_t)(s + i)] += (float)((double)pad / (double)opt_.tile);
         return;
       }
       attention_probs(tile_q_.data() + (size_t)hq * D, (int64_t)row, n, nullptr, kt.data(), n, D, 1.0f, probs.data());
@@ -200,7 +199,25 @@ class CompactorScorer : public CacheContextScorer {
 }  // namespace
 
 std::unique_ptr<Scorer> make_compactor_scorer(const ModelConfig& c, double blending, uint64_t seed) {
-  return std::make_unique<CompactorScorer>(c, blending, seed);
+  return make_compactor_scorer(c, blending, seed, NonCausalOptions{});
+}
+
+std::unique_ptr<Scorer> make_compactor_scorer(const ModelConfig& c, double blending, uint64_t seed, const NonCausalOptions& o) {
+  return std::make_unique<CompactorScorer>(c, blending, seed, o);
+}
+
+NonCausalOptions compactor_options(const PressSpec& o) {
+  return {.sink_start = (int64_t)press_param(o, "sink_size_start"),
+          .sink_end = (int64_t)press_param(o, "sink_size_end"),
+          .tile = (int64_t)press_param(o, "chunk_size"),
+          .sketch = (int)press_param(o, "sketch_dimension")};
+}
+
+std::vector<PressParam> compactor_params() {
+  return {{"sink_size_start", 8, 0, 1 << 20, true, "the first tokens always kept"},
+          {"sink_size_end", 4, 0, 1 << 20, true, "the last tokens always kept"},
+          {"chunk_size", 256, 1, 1 << 16, true, "the non-causal attention's tile length"},
+          {"sketch_dimension", 48, 1, 1024, true, "the leverage's Gaussian sketch width"}};
 }
 
 std::unique_ptr<Scorer> make_non_causal_scorer(const ModelConfig& c, const NonCausalOptions& o) {
@@ -212,9 +229,10 @@ RegisterScorer reg({"compactor",
                     "Compactor: sketched leverage of pre-RoPE keys (x ratio) + non-causal attention in 256-token "
                     "tiles x ||v||, both z-scored; first 8 and last 4 tokens kept",
                     false, [](const PressSpec& o, const Model& m) {
-                      return make_compactor_scorer(m.config(), o.ratio, o.seed);
+                      return make_compactor_scorer(m.config(), o.ratio, o.seed, compactor_options(o));
                     },
-                    {.kvpress_parity = "cannot match exactly: kvpress draws its Gaussian sketch unseeded (Jaccard ~0.9)"}});
+                    {.params = compactor_params(),
+                     .kvpress_parity = "cannot match exactly: kvpress draws its Gaussian sketch unseeded (Jaccard ~0.9)"}});
 }  // namespace
 
 }  // namespace kvzap

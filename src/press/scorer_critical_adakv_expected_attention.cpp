@@ -20,13 +20,14 @@
 namespace kvzap {
 namespace {
 
-constexpr double kEpsilon = 1e-4, kFirstStage = 0.5, kSafeguard = 0.2;
 constexpr float kProtected = std::numeric_limits<float>::max();  // what kvpress writes (finfo.max)
 
 class CriticalAdaKvScorer : public WrappedContextScorer, public BudgetSplit {
  public:
-  CriticalAdaKvScorer(std::unique_ptr<Scorer> inner, const ModelConfig& c, std::vector<std::vector<float>> wo)
-      : WrappedContextScorer(std::move(inner), "CriticalAdaKV"), cfg_(c), wo_(std::move(wo)) {}
+  CriticalAdaKvScorer(std::unique_ptr<Scorer> inner, const ModelConfig& c, std::vector<std::vector<float>> wo,
+                      double epsilon, double first_stage_ratio, double alpha_safeguard)
+      : WrappedContextScorer(std::move(inner), "CriticalAdaKV"), cfg_(c), wo_(std::move(wo)), epsilon_(epsilon),
+        first_stage_(first_stage_ratio), alpha_(alpha_safeguard) {}
 
   std::string budget_name() const override { return "critical adakv"; }
   void score_cache(const KvCache& cache, CacheScores& out) override {
@@ -52,7 +53,8 @@ class CriticalAdaKvScorer : public WrappedContextScorer, public BudgetSplit {
       const int64_t T = cache.length(l, 0);
       if (T <= 0) return;
       const int64_t n = std::max<int64_t>(1, (int64_t)((double)T * (1.0 - ratio)));
-      const int64_t n_safe = std::max<int64_t>(1, (int64_t)((double)n * kSafeguard));
+      // kvpress: at least one while alpha_safeguard > 0 (n >= 1 here), none at 0.
+      const int64_t n_safe = alpha_ > 0 ? std::max<int64_t>(1, (int64_t)((double)n * alpha_)) : 0;
       std::vector<std::vector<float>> s = scores[(size_t)l];  // [H][T]
       // Slots of a head by decreasing score; among equal scores the earlier slot (kvpress: torch.topk's order).
       std::vector<int64_t> order((size_t)T);
@@ -79,12 +81,12 @@ class CriticalAdaKvScorer : public WrappedContextScorer, public BudgetSplit {
       for (int h = 0; h < H; h++) {
         std::vector<float>& x = s[(size_t)h];
         rank(x);
-        const int64_t first = (int64_t)((double)budget[(size_t)h] * kFirstStage);
+        const int64_t first = (int64_t)((double)budget[(size_t)h] * first_stage_);
         for (int64_t r = 0; r < first; r++) x[(size_t)order[(size_t)r]] = kProtected;
         projected_value_norms(cache, l, h, cfg_, wo_[(size_t)l], pn);
         // In f32 as kvpress: a protected entry times a norm above 1 overflows to +inf, still kept.
         std::vector<float> y((size_t)T);
-        for (int64_t i = 0; i < T; i++) y[(size_t)i] = (x[(size_t)i] + (float)kEpsilon) * (float)pn[(size_t)i];
+        for (int64_t i = 0; i < T; i++) y[(size_t)i] = (x[(size_t)i] + (float)epsilon_) * (float)pn[(size_t)i];
         rank(y);
         std::vector<uint8_t>& d = drop[(size_t)l * H + h];
         std::fill(d.begin(), d.end(), 1);
@@ -96,24 +98,32 @@ class CriticalAdaKvScorer : public WrappedContextScorer, public BudgetSplit {
  private:
   ModelConfig cfg_;
   std::vector<std::vector<float>> wo_;  // [layer][E][n_head * D]
+  double epsilon_, first_stage_, alpha_;  // kvpress epsilon, first_stage_ratio, alpha_safeguard
 };
 
 }  // namespace
 
 std::unique_ptr<Scorer> make_critical_adakv_scorer(std::unique_ptr<Scorer> inner, const ModelConfig& c,
-                                                   std::vector<std::vector<float>> wo) {
-  return std::make_unique<CriticalAdaKvScorer>(std::move(inner), c, std::move(wo));
+                                                   std::vector<std::vector<float>> wo, double epsilon,
+                                                   double first_stage_ratio, double alpha_safeguard) {
+  return std::make_unique<CriticalAdaKvScorer>(std::move(inner), c, std::move(wo), epsilon, first_stage_ratio,
+                                               alpha_safeguard);
+}
+
+std::unique_ptr<Scorer> make_critical_adakv_scorer(std::unique_ptr<Scorer> inner, const Model& m, const PressSpec& o) {
+  return make_critical_adakv_scorer(std::move(inner), m.config(), output_projections(m), press_param(o, "epsilon"),
+                                    press_param(o, "first_stage_ratio"), press_param(o, "alpha_safeguard"));
 }
 
 namespace {
 RegisterScorer reg({"critical_adakv_expected_attention",
                     "CriticalAdaKV(ExpectedAttention without ||v||): AdaKV's per-layer budget, then in each head half "
                     "its budget by expected attention and the rest by (score + 1e-4) x ||W_O v||_1",
-                    false, [](const PressSpec&, const Model& m) {
-                      return make_critical_adakv_scorer(make_expected_attention_scorer(m.config(), 1e-2, false),
-                                                        m.config(), output_projections(m));
+                    false, [](const PressSpec& o, const Model& m) {
+                      return make_critical_adakv_scorer(make_expected_attention_scorer(m.config(), 1e-2, false), m, o);
                     },
                     {.kvpress_ratio_scope = "adakv",
+                     .params = critical_params(true),
                      .kvpress_parity = "exact (kvpress CriticalAdaKVPress(ExpectedAttentionPress(use_vnorm=False)))"}});
 }  // namespace
 

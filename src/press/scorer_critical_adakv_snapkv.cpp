@@ -10,11 +10,12 @@ namespace {
 RegisterScorer reg({"critical_adakv_snapkv",
                     "CriticalAdaKV(SnapKV): AdaKV's per-layer budget, then in each head half its budget by SnapKV "
                     "and the rest by (SnapKV + 1e-4) x ||W_O v||_1",
-                    false, [](const PressSpec&, const Model& m) {
-                      return make_critical_adakv_scorer(make_snapkv_scorer(m.config()), m.config(), output_projections(m));
+                    false, [](const PressSpec& o, const Model& m) {
+                      return make_critical_adakv_scorer(make_snapkv_scorer(m.config()), m, o);
                     },
                     {.kvpress_ratio_scope = "adakv",
                      .min_context_tokens = kSnapKvWindow,
+                     .params = critical_params(true),
                      .kvpress_parity = "exact (kvpress CriticalAdaKVPress(SnapKVPress))"}});
 
 }  // namespace

@@ -15,9 +15,11 @@ RegisterScorer reg({"critical_expected_attention",
                     "the rest by (score + 1e-4) x ||W_O v||_1 (mean over the group)",
                     false, [](const PressSpec& o, const Model& m) {
                       return make_critical_scorer(make_expected_attention_scorer(m.config(), 1e-2, /*use_vnorm=*/false),
-                                                  m.config(), output_projections(m), o.ratio);
+                                                  m.config(), output_projections(m), o.ratio, press_param(o, "epsilon"),
+                                                  press_param(o, "first_stage_ratio"));
                     },
-                    {.kvpress_parity = "exact (kvpress CriticalKVPress(ExpectedAttentionPress(use_vnorm=False)))"}});
+                    {.params = critical_params(false),
+                     .kvpress_parity = "exact (kvpress CriticalKVPress(ExpectedAttentionPress(use_vnorm=False)))"}});
 
 }  // namespace
 }  // namespace kvzap

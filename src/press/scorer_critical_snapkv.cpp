@@ -18,13 +18,12 @@
 namespace kvzap {
 namespace {
 
-constexpr double kEpsilon = 1e-4, kFirstStage = 0.5;
-
 class CriticalScorer : public WrappedContextScorer {
  public:
-  CriticalScorer(std::unique_ptr<Scorer> inner, const ModelConfig& c, std::vector<std::vector<float>> wo, double ratio)
-      : WrappedContextScorer(std::move(inner), "CriticalKV"), cfg_(c), ratio_(ratio),
-        wo_(std::move(wo)) {
+  CriticalScorer(std::unique_ptr<Scorer> inner, const ModelConfig& c, std::vector<std::vector<float>> wo, double ratio,
+                 double epsilon, double first_stage_ratio)
+      : WrappedContextScorer(std::move(inner), "CriticalKV"), cfg_(c), ratio_(ratio), epsilon_(epsilon),
+        first_stage_(first_stage_ratio), wo_(std::move(wo)) {
     if (dynamic_cast<BudgetSplit*>(inner_.get())) throw Error("internal: CriticalKV wraps a press with a per-head budget");
   }
 
@@ -44,11 +43,13 @@ class CriticalScorer : public WrappedContextScorer {
           if (v == std::numeric_limits<float>::infinity()) v = top + 1;
         std::vector<double> pn;  // [T]
         projected_value_norms(cache, l, (int)hk, cfg_, wo_[(size_t)l], pn);
-        const int64_t first = std::max<int64_t>(1, (int64_t)((1.0 - ratio_) * (double)T * kFirstStage));
+        // kvpress: at least one entry while first_stage_ratio > 0, none at 0.
+        int64_t first = (int64_t)((1.0 - ratio_) * (double)T * first_stage_);
+        if (first_stage_ > 0) first = std::max<int64_t>(1, first);
         std::vector<int64_t> order((size_t)T);
         std::iota(order.begin(), order.end(), 0);
         std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return s[(size_t)a] > s[(size_t)b]; });
-        for (int64_t i = 0; i < T; i++) s[(size_t)i] = (float)(((double)s[(size_t)i] + kEpsilon) * pn[(size_t)i]);
+        for (int64_t i = 0; i < T; i++) s[(size_t)i] = (float)(((double)s[(size_t)i] + epsilon_) * pn[(size_t)i]);
         for (int64_t r = 0; r < std::min(first, T); r++) s[(size_t)order[(size_t)r]] = std::numeric_limits<float>::infinity();
       });
     }
@@ -57,6 +58,7 @@ class CriticalScorer : public WrappedContextScorer {
  private:
   ModelConfig cfg_;
   double ratio_;
+  double epsilon_, first_stage_;  // kvpress epsilon, first_stage_ratio
   std::vector<std::vector<float>> wo_;  // [layer][E][n_head * D]
 };
 
@@ -98,8 +100,17 @@ std::vector<std::vector<float>> output_projections(const Model& m) {
 }
 
 std::unique_ptr<Scorer> make_critical_scorer(std::unique_ptr<Scorer> inner, const ModelConfig& c,
-                                             std::vector<std::vector<float>> wo, double ratio) {
-  return std::make_unique<CriticalScorer>(std::move(inner), c, std::move(wo), ratio);
+                                             std::vector<std::vector<float>> wo, double ratio, double epsilon,
+                                             double first_stage_ratio) {
+  return std::make_unique<CriticalScorer>(std::move(inner), c, std::move(wo), ratio, epsilon, first_stage_ratio);
+}
+
+std::vector<PressParam> critical_params(bool adakv) {
+  std::vector<PressParam> p = {
+      {"epsilon", 1e-4, 0, 1e6, false, "added to the inner press's score before the ||W_O v|| weighting"},
+      {"first_stage_ratio", 0.5, 0, 1, false, "the share of each head's budget kept by the inner press's score alone"}};
+  if (adakv) p.push_back(adakv_alpha_safeguard_param());
+  return p;
 }
 
 namespace {
@@ -107,9 +118,11 @@ RegisterScorer reg({"critical_snapkv",
                     "CriticalKV(SnapKV): the best half of SnapKV's budget kept, the rest by (SnapKV + 1e-4) x "
                     "||W_O v||_1 (mean over the group)",
                     false, [](const PressSpec& o, const Model& m) {
-                      return make_critical_scorer(make_snapkv_scorer(m.config()), m.config(), output_projections(m), o.ratio);
+                      return make_critical_scorer(make_snapkv_scorer(m.config()), m.config(), output_projections(m), o.ratio,
+                                                  press_param(o, "epsilon"), press_param(o, "first_stage_ratio"));
                     },
                     {.min_context_tokens = kSnapKvWindow,
+                     .params = critical_params(false),
                      .kvpress_parity = "exact (kvpress CriticalKVPress(SnapKVPress))"}});
 
 }  // namespace

@@ -1,7 +1,8 @@
 // "cur" (docs/ALGORITHMS.md §8.11, kvpress CURPress, CurDKV): approximate leverage from norms. Per stream,
 // k2 = ||k||^2 and v2 = ||v||^2, each normalised to sum 1 within aligned windows of 16 slots (the last
 // window zero-padded); score = k2 * v2 normalised to sum 1 over the stream; the first 4 slots = 1.0.
-// Defaults of kvpress: kv_product, local approximation on, no random projection.
+// Defaults of kvpress: kv_product, local approximation on, no random projection. num_sinks,
+// use_local_approximation and local_window_size are press parameters (leverage_type stays kv_product).
 #include <algorithm>
 #include <cmath>
 
@@ -11,12 +12,9 @@
 namespace kvzap {
 namespace {
 
-constexpr int kLocalWindow = 16;
-constexpr int kSinks = 4;
-
-void normalise_windows(std::vector<double>& x) {
-  for (size_t w0 = 0; w0 < x.size(); w0 += kLocalWindow) {
-    const size_t w1 = std::min(x.size(), w0 + kLocalWindow);
+void normalise_windows(std::vector<double>& x, size_t window) {
+  for (size_t w0 = 0; w0 < x.size(); w0 += window) {
+    const size_t w1 = std::min(x.size(), w0 + window);
     double s = 0;
     for (size_t i = w0; i < w1; i++) s += x[i];
     if (s > 0)  // an all-zero window stays 0 (kvpress would give NaN)
@@ -26,6 +24,7 @@ void normalise_windows(std::vector<double>& x) {
 
 class CurScorer : public CacheContextScorer {
  public:
+  CurScorer(int64_t num_sinks, int64_t local_window, bool local) : n_sink_(num_sinks), window_(local_window), local_(local) {}
   void score_cache(const KvCache& cache, CacheScores& out) override {
     require_full_context(cache, "cur");
     size_scores(cache, out);
@@ -43,25 +42,40 @@ class CurScorer : public CacheContextScorer {
           k2[(size_t)i] += (double)keys[(size_t)(i * D + d)] * keys[(size_t)(i * D + d)];
           v2[(size_t)i] += (double)values[(size_t)(i * D + d)] * values[(size_t)(i * D + d)];
         }
-      normalise_windows(k2);
-      normalise_windows(v2);
+      if (local_) {
+        normalise_windows(k2, (size_t)window_);
+        normalise_windows(v2, (size_t)window_);
+      }
       double total = 0;
       for (int64_t i = 0; i < n; i++) total += k2[(size_t)i] * v2[(size_t)i];
       std::vector<float>& s = out[(size_t)l][(size_t)h];
       if (!(total > 0)) total = 1;
-      for (int64_t i = 0; i < n; i++) s[(size_t)i] = i < kSinks ? 1.0f : (float)(k2[(size_t)i] * v2[(size_t)i] / total);
+      for (int64_t i = 0; i < n; i++) s[(size_t)i] = i < n_sink_ ? 1.0f : (float)(k2[(size_t)i] * v2[(size_t)i] / total);
     });
   }
+
+ private:
+  int64_t n_sink_;   // kvpress num_sinks: the first slots score 1
+  int64_t window_;  // kvpress local_window_size
+  bool local_;      // kvpress use_local_approximation
 };
 
 }  // namespace
 
-std::unique_ptr<Scorer> make_cur_scorer() { return std::make_unique<CurScorer>(); }
+std::unique_ptr<Scorer> make_cur_scorer(int64_t num_sinks, int64_t local_window_size, bool use_local_approximation) {
+  return std::make_unique<CurScorer>(num_sinks, local_window_size, use_local_approximation);
+}
 
 namespace {
 RegisterScorer reg({"cur", "CurDKV: ||k||^2 x ||v||^2, each normalised within windows of 16; first 4 tokens kept", false,
-                    [](const PressSpec&, const Model&) { return make_cur_scorer(); },
-                    {.kvpress_parity = "exact (kvpress CURPress)"}});
+                    [](const PressSpec& o, const Model&) {
+                      return make_cur_scorer((int64_t)press_param(o, "num_sinks"), (int64_t)press_param(o, "local_window_size"),
+                                             press_param(o, "use_local_approximation") != 0);
+                    },
+                    {.params = {{"num_sinks", 4, 0, 1 << 20, true, "the first tokens always kept"},
+                                {"use_local_approximation", 1, 0, 1, true, "1: norms normalised within local windows, 0: not"},
+                                {"local_window_size", 16, 1, 1 << 20, true, "the local windows' length"}},
+                     .kvpress_parity = "exact (kvpress CURPress)"}});
 }  // namespace
 
 }  // namespace kvzap

@@ -10,7 +10,8 @@
 //     median score and entropy < the median entropy (lower medians, as torch.median), which takes only its
 //     4 best slots;
 //   * budget still left goes to the best remaining slots.
-// It chooses its own kept sets (the ratio scope does not apply).
+// It chooses its own kept sets (the ratio scope does not apply). chunk_length (10) and
+// low_entropy_chunk_length (4) are press parameters (kvpress's arguments).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -23,7 +24,6 @@
 namespace kvzap {
 namespace {
 
-constexpr int64_t kChunk = 10, kSpikyKept = 4;
 constexpr double kEps = 1e-8;
 
 // The lower median (torch.median): element (n - 1) / 2 of the sorted values.
@@ -43,8 +43,13 @@ void keep_best(const std::vector<double>& s, int64_t c0, int64_t c1, int64_t n, 
 
 class EntropyGatedChunkKvScorer : public SnapKvScorer, public BudgetSplit {
  public:
-  explicit EntropyGatedChunkKvScorer(const ModelConfig& c) : SnapKvScorer(c) {}
-  std::string budget_name() const override { return "entropy-gated chunks of 10"; }
+  EntropyGatedChunkKvScorer(const ModelConfig& c, int64_t chunk_length, int64_t low_entropy_chunk_length)
+      : SnapKvScorer(c), chunk_(chunk_length), spiky_kept_(low_entropy_chunk_length) {
+    if (!(chunk_length > low_entropy_chunk_length && low_entropy_chunk_length >= 1))
+      throw Error("entropy_gated_chunkkv needs chunk_length > low_entropy_chunk_length >= 1, got chunk_length " +
+                  std::to_string(chunk_length) + " and low_entropy_chunk_length " + std::to_string(low_entropy_chunk_length));
+  }
+  std::string budget_name() const override { return "entropy-gated chunks of " + std::to_string(chunk_); }
 
   void mark_evictions(const KvCache& cache, const CacheScores& scores, double ratio, EvictionMask& drop) override {
     const int H = cache.n_head_kv();
@@ -65,10 +70,10 @@ class EntropyGatedChunkKvScorer : public SnapKvScorer, public BudgetSplit {
           const float v = scores[(size_t)l][(size_t)h][(size_t)i];
           s[(size_t)i] += v == std::numeric_limits<float>::infinity() ? (double)top + 1 : (double)v;
         }
-      const int64_t n_chunks = (T + kChunk - 1) / kChunk;
+      const int64_t n_chunks = (T + chunk_ - 1) / chunk_;
       std::vector<double> mean((size_t)n_chunks), entropy((size_t)n_chunks);
       for (int64_t c = 0; c < n_chunks; c++) {
-        const int64_t c0 = c * kChunk, c1 = std::min(T, c0 + kChunk), m = c1 - c0;
+        const int64_t c0 = c * chunk_, c1 = std::min(T, c0 + chunk_), m = c1 - c0;
         double sum = 0, lo = 0;  // lo = min(0, min s): the shift that makes the chunk non-negative
         for (int64_t i = c0; i < c1; i++) sum += s[(size_t)i], lo = std::min(lo, s[(size_t)i]);
         mean[(size_t)c] = sum / (double)m;
@@ -92,9 +97,9 @@ class EntropyGatedChunkKvScorer : public SnapKvScorer, public BudgetSplit {
       std::vector<uint8_t> keep((size_t)T, 0);
       for (int64_t c : order) {
         if (budget <= 0) break;
-        const int64_t c0 = c * kChunk, c1 = std::min(T, c0 + kChunk);
+        const int64_t c0 = c * chunk_, c1 = std::min(T, c0 + chunk_);
         int64_t n = std::min(c1 - c0, budget);
-        if (mean[(size_t)c] >= score_median && entropy[(size_t)c] < entropy_median) n = std::min(n, kSpikyKept);
+        if (mean[(size_t)c] >= score_median && entropy[(size_t)c] < entropy_median) n = std::min(n, spiky_kept_);
         keep_best(s, c0, c1, n, keep);
         budget -= n;
       }
@@ -109,21 +114,33 @@ class EntropyGatedChunkKvScorer : public SnapKvScorer, public BudgetSplit {
         for (int64_t i = 0; i < T; i++) drop[(size_t)l * H + h][(size_t)i] = keep[(size_t)i] ? 0 : 1;
     }
   }
+
+ private:
+  int64_t chunk_;      // kvpress chunk_length
+  int64_t spiky_kept_;  // kvpress low_entropy_chunk_length
 };
 
 }  // namespace
 
 // For the unit test (tests/unit/test_baseline_presses.cpp), which has no Model.
-std::unique_ptr<Scorer> make_entropy_gated_chunkkv_scorer(const ModelConfig& c) {
-  return std::make_unique<EntropyGatedChunkKvScorer>(c);
+std::unique_ptr<Scorer> make_entropy_gated_chunkkv_scorer(const ModelConfig& c, int64_t chunk_length,
+                                                          int64_t low_entropy_chunk_length) {
+  return std::make_unique<EntropyGatedChunkKvScorer>(c, chunk_length, low_entropy_chunk_length);
 }
 
 namespace {
 RegisterScorer reg({"entropy_gated_chunkkv",
                     "EntropyGatedChunkKV(SnapKV): ChunkKV with chunks of 10, a high-score low-entropy chunk keeps only "
                     "its 4 best slots and the budget left goes to the best slots (ratio scope does not apply)",
-                    false, [](const PressSpec&, const Model& m) { return make_entropy_gated_chunkkv_scorer(m.config()); },
+                    false,
+                    [](const PressSpec& o, const Model& m) {
+                      return make_entropy_gated_chunkkv_scorer(m.config(), (int64_t)press_param(o, "chunk_length"),
+                                                               (int64_t)press_param(o, "low_entropy_chunk_length"));
+                    },
                     {.min_context_tokens = kSnapKvWindow,
+                     .params = {{"chunk_length", 10, 2, 1 << 20, true, "slots per chunk"},
+                                {"low_entropy_chunk_length", 4, 1, 1 << 20, true,
+                                 "the slots a high-score low-entropy chunk keeps (below chunk_length)"}},
                      .kvpress_parity = "match up to ties (kvpress EntropyGatedChunkKVPress(SnapKVPress): which of equally "
                                        "scored slots stay is torch.topk's choice)"}});
 }  // namespace

@@ -16,11 +16,9 @@
 namespace kvzap {
 namespace {
 
-constexpr int kSketch = 48;  // kvpress sketch_dimension
-
 class LeverageScoreScorer : public CacheContextScorer {
  public:
-  LeverageScoreScorer(const ModelConfig& c, uint64_t seed) : rope_(c), seed_(seed) {}
+  LeverageScoreScorer(const ModelConfig& c, uint64_t seed, int sketch) : rope_(c), seed_(seed), sketch_(sketch) {}
 
   void score_cache(const KvCache& cache, CacheScores& out) override {
     const int64_t T = require_full_context(cache, "leverage_score");
@@ -33,8 +31,8 @@ class LeverageScoreScorer : public CacheContextScorer {
       std::vector<float> keys;  // [T][D], slot = position (the context is whole)
       stream_keys(cache, l, h, keys);
       for (int64_t i = 0; i < T; i++) rope_.unrotate(keys.data() + (size_t)i * D, (int32_t)i, l);
-      const std::vector<double> phi = gaussian_sketch(seed_, l, h, D, kSketch);  // [D][48]
-      sketched_leverage(keys.data(), T, D, phi.data(), kSketch, out[(size_t)l][(size_t)h].data());
+      const std::vector<double> phi = gaussian_sketch(seed_, l, h, D, sketch_);  // [D][48]
+      sketched_leverage(keys.data(), T, D, phi.data(), sketch_, out[(size_t)l][(size_t)h].data());
     });
     // z-score over the layer: the streams of one layer are contiguous only per head, so gather them.
     std::vector<float> layer;  // [Hkv][T]
@@ -51,21 +49,25 @@ class LeverageScoreScorer : public CacheContextScorer {
  private:
   RopeTable rope_;
   uint64_t seed_;
+  int sketch_;  // kvpress sketch_dimension
 };
 
 }  // namespace
 
 // For the unit test (tests/unit/test_baseline_presses.cpp), which has no Model.
-std::unique_ptr<Scorer> make_leverage_score_scorer(const ModelConfig& c, uint64_t seed) {
-  return std::make_unique<LeverageScoreScorer>(c, seed);
+std::unique_ptr<Scorer> make_leverage_score_scorer(const ModelConfig& c, uint64_t seed, int sketch_dimension) {
+  return std::make_unique<LeverageScoreScorer>(c, seed, sketch_dimension);
 }
 
 namespace {
 RegisterScorer reg({"leverage_score",
                     "LeverageScore: sketched leverage of the pre-RoPE keys (centred, Gaussian sketch to 48 dims), "
                     "z-scored over the layer (keeps geometric outliers)",
-                    false, [](const PressSpec& o, const Model& m) { return make_leverage_score_scorer(m.config(), o.seed); },
-                    {.kvpress_parity = "cannot match exactly: kvpress draws its Gaussian sketch unseeded (Jaccard 0.998 where "
+                    false, [](const PressSpec& o, const Model& m) {
+                      return make_leverage_score_scorer(m.config(), o.seed, (int)press_param(o, "sketch_dimension"));
+                    },
+                    {.params = {{"sketch_dimension", 48, 1, 1024, true, "the Gaussian sketch's width"}},
+                     .kvpress_parity = "cannot match exactly: kvpress draws its Gaussian sketch unseeded (Jaccard 0.998 where "
                                        "head_dim <= 48, the differences in ties)"}});
 }  // namespace
 

@@ -123,6 +123,68 @@ def presses():
         variant="window_size=32 kernel_size=7 beta=10", params={"window_size": 32, "kernel_size": 7, "beta": 10})
     add("chunkkv", "head", lambda r: K.ChunkKVPress(press=sn(compression_ratio=r), chunk_length=12),
         variant="chunk_length=12", params={"chunk_length": 12})
+    EA = K.ExpectedAttentionPress
+    add("expected_attention_uniform", "head",
+        lambda r: EA(compression_ratio=r, n_future_positions=64, n_sink=8, epsilon=0.05),
+        variant="n_future_positions=64 n_sink=8 epsilon=0.05",
+        params={"n_future_positions": 64, "n_sink": 8, "epsilon": 0.05})
+    add("expected_attention_uniform", "head",
+        lambda r: EA(compression_ratio=r, use_covariance=False, use_vnorm=False),
+        variant="use_covariance=0 use_vnorm=0", params={"use_covariance": 0, "use_vnorm": 0})
+    add("expected_attention", "adakv",
+        lambda r: K.AdaKVPress(EA(compression_ratio=r, epsilon=1e-2, n_sink=8), alpha_safeguard=0.5),
+        variant="alpha_safeguard=0.5 n_sink=8", params={"alpha_safeguard": 0.5, "n_sink": 8})
+    add("adakv_snapkv", "adakv", lambda r: K.AdaKVPress(sn(compression_ratio=r, window_size=24), alpha_safeguard=0.6),
+        variant="alpha_safeguard=0.6 window_size=24", params={"alpha_safeguard": 0.6, "window_size": 24})
+    add("adakv_non_causal_attn", "adakv",
+        lambda r: K.AdaKVPress(K.NonCausalAttnPress(compression_ratio=r, chunk_size=64), alpha_safeguard=0.05),
+        variant="alpha_safeguard=0.05 chunk_size=64", params={"alpha_safeguard": 0.05, "chunk_size": 64})
+    add("non_causal_attn", "head", lambda r: K.NonCausalAttnPress(compression_ratio=r, chunk_size=64),
+        variant="chunk_size=64", params={"chunk_size": 64})
+    add("lagkv", "head", lambda r: K.LagKVPress(compression_ratio=r, n_sink=8, lag_size=32),
+        variant="n_sink=8 lag_size=32", params={"n_sink": 8, "lag_size": 32})
+    add("block_keydiff", "head", lambda r: K.BlockPress(press=K.KeyDiffPress(compression_ratio=r), block_size=32),
+        variant="block_size=32", params={"block_size": 32})
+    add("cur", "head", lambda r: K.CURPress(compression_ratio=r, num_sinks=8, local_window_size=32),
+        variant="num_sinks=8 local_window_size=32", params={"num_sinks": 8, "local_window_size": 32})
+    add("cur", "head", lambda r: K.CURPress(compression_ratio=r, use_local_approximation=False),
+        variant="use_local_approximation=0", params={"use_local_approximation": 0})
+    add("compactor", "head",
+        lambda r: K.CompactorPress(compression_ratio=r, sink_size_start=4, sink_size_end=2, chunk_size=64,
+                                   sketch_dimension=16),
+        expect="report", why="as compactor",
+        variant="sink_size_start=4 sink_size_end=2 chunk_size=64 sketch_dimension=16",
+        params={"sink_size_start": 4, "sink_size_end": 2, "chunk_size": 64, "sketch_dimension": 16})
+    add("leverage_score", "head", lambda r: K.LeverageScorePress(compression_ratio=r, sketch_dimension=16),
+        expect="report", why="as leverage_score", variant="sketch_dimension=16", params={"sketch_dimension": 16})
+    add("critical_snapkv", "head",
+        lambda r: K.CriticalKVPress(sn(compression_ratio=r), epsilon=1e-2, first_stage_ratio=0.25),
+        variant="epsilon=0.01 first_stage_ratio=0.25", params={"epsilon": 0.01, "first_stage_ratio": 0.25})
+    add("critical_expected_attention", "head",
+        lambda r: K.CriticalKVPress(EA(compression_ratio=r, use_vnorm=False), first_stage_ratio=0.8),
+        variant="first_stage_ratio=0.8", params={"first_stage_ratio": 0.8})
+    add("critical_adakv_snapkv", "adakv",
+        lambda r: K.CriticalAdaKVPress(sn(compression_ratio=r), alpha_safeguard=0.5, epsilon=1e-3, first_stage_ratio=0.3),
+        variant="alpha_safeguard=0.5 epsilon=0.001 first_stage_ratio=0.3",
+        params={"alpha_safeguard": 0.5, "epsilon": 0.001, "first_stage_ratio": 0.3})
+    add("critical_adakv_expected_attention", "adakv",
+        lambda r: K.CriticalAdaKVPress(EA(compression_ratio=r, use_vnorm=False), alpha_safeguard=0.05,
+                                       first_stage_ratio=0.7),
+        variant="alpha_safeguard=0.05 first_stage_ratio=0.7", params={"alpha_safeguard": 0.05, "first_stage_ratio": 0.7})
+    add("cap", "head", lambda r: K.CapPress(compression_ratio=r, tau=2.0, n_future_positions=64, n_sink=8, epsilon=1e-3),
+        variant="tau=2 n_future_positions=64 n_sink=8 epsilon=0.001",
+        params={"tau": 2, "n_future_positions": 64, "n_sink": 8, "epsilon": 0.001})
+    add("adakv_cap", "adakv", lambda r: K.AdaKVPress(K.CapPress(compression_ratio=r, tau=2.0), alpha_safeguard=0.5),
+        variant="alpha_safeguard=0.5 tau=2", params={"alpha_safeguard": 0.5, "tau": 2})
+    add("entropy_gated_chunkkv", "head",
+        lambda r: K.EntropyGatedChunkKVPress(press=sn(compression_ratio=r), chunk_length=16, low_entropy_chunk_length=6),
+        variant="chunk_length=16 low_entropy_chunk_length=6", params={"chunk_length": 16, "low_entropy_chunk_length": 6})
+    # Edges where kvpress's rule changes: no safeguard at alpha_safeguard 0, no first stage at 0.
+    add("expected_attention", "adakv",
+        lambda r: K.AdaKVPress(EA(compression_ratio=r, epsilon=1e-2), alpha_safeguard=0.0),
+        variant="alpha_safeguard=0", params={"alpha_safeguard": 0})
+    add("critical_snapkv", "head", lambda r: K.CriticalKVPress(sn(compression_ratio=r), first_stage_ratio=0.0),
+        variant="first_stage_ratio=0", params={"first_stage_ratio": 0})
     # Negative control: a different press must be told apart (the comparison can fail).
     add("knorm", "head", lambda r: K.KeyDiffPress(compression_ratio=r), expect="differ",
         why="negative control", variant="against kvpress KeyDiffPress")
@@ -159,6 +221,7 @@ CHATML = ("{% for m in messages %}{% if loop.first and m['role'] != 'system' %}<
 LLAMA_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['content'] }}<|eot_id|>{% endfor %}"
                   "{% if add_generation_prompt %}<|end_header_id|>{% endif %}")
 QUESTION = "First number?"
+END_OF_TURN = set()  # the model's end-of-turn token ids, set per model (kvpress_run stops at them)
 
 
 def write_model(d, kind, seed):
@@ -309,7 +372,7 @@ def kvpress_run(model, press, ids, q_ids, ref_keys, n_answer):
         answer = [int(out.logits[0, -1].argmax())]
         T += len(q_ids)
         eos = model.generation_config.eos_token_id
-        eos = set(eos if isinstance(eos, list) else [eos])
+        eos = set(eos if isinstance(eos, list) else [eos]) | END_OF_TURN
         for i in range(n_answer - 1):
             if answer[-1] in eos:
                 break
@@ -410,6 +473,11 @@ def main():
             d = os.path.join(tmp, kind)
             write_model(d, kind, seed)
             tok = PreTrainedTokenizerFast.from_pretrained(d)
+            # kvzap's generation also ends at an end-of-turn token (Tokenizer::is_eog, its list): so does kvpress's here.
+            END_OF_TURN.clear()
+            END_OF_TURN.update(i for t, i in tok.get_vocab().items()
+                               if t in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>",
+                                        "<|end|>", "<end_of_turn>", "<|return|>"))
             models = {a: AutoModelForCausalLM.from_pretrained(d, attn_implementation=a, dtype=torch.float32).eval()
                       for a in ("sdpa", "eager")}
             inputs = [pipeline_ids(tok, t, QUESTION) for t in texts]

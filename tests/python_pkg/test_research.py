@@ -196,3 +196,28 @@ def test_kvpress_arguments_of_a_press_reach_the_engine(smol):
     assert sinks[:, :, :9].all() and not sinks[:, :, 9].any()
     params = {p["name"]: p["params"] for p in kvzap.presses()}
     assert [p["name"] for p in params["snapkv"]] == ["window_size", "kernel_size"]
+
+
+def test_more_kvpress_arguments_reach_the_engine(smol):
+    # ExpectedAttentionPress's n_sink / use_vnorm (a Python bool), AdaKVPress's alpha_safeguard (1: each head
+    # keeps its own share, the per-head budget), checked ranges.
+    ids = smol.tokenize(CONTEXT, add_bos=True)
+
+    def kept(press):
+        seq = smol.new_sequence()
+        seq.prefill(ids, smol.press(press))
+        return seq.kept_mask()
+
+    ea = kept(kvzap.ExpectedAttentionPress(compression_ratio=0.5, n_sink=12, use_vnorm=False))
+    assert ea[:, :, :12].all() and not np.array_equal(ea, kept(kvzap.ExpectedAttentionPress(compression_ratio=0.5)))
+    ada = kept(kvzap.AdaKVPress(kvzap.KeyDiffPress(compression_ratio=0.5), alpha_safeguard=1.0))
+    assert np.array_equal(ada, kept(kvzap.KeyDiffPress(compression_ratio=0.5, ratio_scope="head")))
+    with pytest.raises(kvzap.Error, match="alpha_safeguard"):
+        kvzap.AdaKVPress(kvzap.KeyDiffPress(compression_ratio=0.5), alpha_safeguard=1.5)
+    with pytest.raises(kvzap.Error, match="use_covariance"):
+        kvzap.ExpectedAttentionPress(compression_ratio=0.5, use_covariance=2)
+    with pytest.raises(kvzap.Error, match="n_future_positions, n_sink, use_covariance, use_vnorm, epsilon, alpha_safeguard"):
+        kvzap.ExpectedAttentionPress(compression_ratio=0.5, window_size=8)
+    params = {p["name"]: [q["name"] for q in p["params"]] for p in kvzap.presses()}
+    assert params["lagkv"] == ["n_sink", "lag_size"]
+    assert params["expected_attention_uniform"] == ["n_future_positions", "n_sink", "use_covariance", "use_vnorm", "epsilon"]

@@ -735,7 +735,7 @@ TEST(BaselineScorers, CompactorBlendsLeverageAndTiledNonCausalAttention) {
 
 }  // namespace
 namespace kvzap {
-std::unique_ptr<Scorer> make_leverage_score_scorer(const ModelConfig& c, uint64_t seed);  // press/scorer_leverage_score.cpp
+std::unique_ptr<Scorer> make_leverage_score_scorer(const ModelConfig& c, uint64_t seed, int sketch_dimension = 48);  // press/scorer_leverage_score.cpp
 }  // namespace kvzap
 namespace {
 
@@ -808,8 +808,9 @@ TEST(BaselineScorers, NonCausalAttnPadsTheLastTileAsKvpress) {
 
 }  // namespace
 namespace kvzap {
-std::unique_ptr<Scorer> make_cap_scorer(const ModelConfig& c);  // press/scorer_cap.cpp
-std::unique_ptr<Scorer> make_block_keydiff_scorer();               // press/scorer_block_keydiff.cpp
+std::unique_ptr<Scorer> make_cap_scorer(const ModelConfig& c, double tau = 5.0, int64_t n_future_positions = 512,
+                                        int64_t n_sink = 4, double epsilon = 1e-6);  // press/scorer_cap.cpp
+std::unique_ptr<Scorer> make_block_keydiff_scorer(int64_t block_size = 128);            // press/scorer_block_keydiff.cpp
 }  // namespace kvzap
 namespace {
 
@@ -1004,6 +1005,16 @@ TEST(BaselineBudgets, AdaKvPoolsALayersBudgetWithASafeguardPerHead) {
   std::sort(all.begin(), all.end());
   for (int r = 0; r < 100; r++) EXPECT_EQ(drop[(size_t)2 + all[(size_t)r].second / T][(size_t)(all[(size_t)r].second % T)], r < 70 ? 1 : 0) << r;
   EXPECT_EQ(parse_ratio_scope("adakv"), RatioScope::AdaKv);
+  // alpha_safeguard (kvpress AdaKVPress): 0.5 protects int(15 * 0.5) = 7 of head 0; 0 protects none (head 0
+  // loses everything, no max(1, ...)); 0.01 protects at least 1.
+  auto low_head_kept = [&](double alpha) {
+    EvictionMask d = empty_mask(cache);
+    mark_lowest(cache, s, ratio, RatioScope::AdaKv, d, false, alpha);
+    return T - (int)std::count(d[0].begin(), d[0].end(), 1);
+  };
+  EXPECT_EQ(low_head_kept(0.5), 7);
+  EXPECT_EQ(low_head_kept(0.0), 0);
+  EXPECT_EQ(low_head_kept(0.01), 1);
 }
 
 TEST(BaselineBudgets, AdaKvWrapperAndChunkKvUnderTheRatioPolicy) {
@@ -1119,7 +1130,7 @@ TEST(BaselineBudgets, CriticalAdaKvSplitsTheLayerBudgetThenKeepsHalfOfEachHeadsS
 
 }  // namespace
 namespace kvzap {
-std::unique_ptr<Scorer> make_entropy_gated_chunkkv_scorer(const ModelConfig& c);  // press/scorer_entropy_gated_chunkkv.cpp
+std::unique_ptr<Scorer> make_entropy_gated_chunkkv_scorer(const ModelConfig& c, int64_t chunk_length = 10, int64_t low_entropy_chunk_length = 4);  // press/scorer_entropy_gated_chunkkv.cpp
 }  // namespace kvzap
 namespace {
 
@@ -1295,6 +1306,89 @@ TEST_F(BaselinesWithModel, PressParametersChangeWhatIsKept) {
       EXPECT_EQ(s.cache().position_at(l, h, 9), 9);  // sinks 0..9
       EXPECT_EQ(s.cache().position_at(l, h, 10), T - (T / 2 - 10));  // then the most recent
     }
+}
+
+// The other presses' kvpress arguments reach their scorers: each value away from its default changes
+// the kept sets, sinks are kept, and AdaKV's alpha_safeguard 1 protects every head's whole share (the
+// per-head budget).
+TEST_F(BaselinesWithModel, MorePressParametersChangeWhatIsKept) {
+  const ModelConfig& c = model_->config();
+  const int64_t T = 300;
+  const std::vector<int32_t> ids = context_ids(T);
+  SessionOptions so;
+  so.n_threads = 2;
+  so.n_ctx = 512;
+  Session s(*model_, so);
+  auto kept_with = [&](const nlohmann::json& spec) {
+    auto press = make_press(press_spec_from_json(spec), *model_);
+    s.prefill_context(ids, press.get());
+    return test::kept_positions(s.cache());
+  };
+  struct Case {
+    const char* press;
+    nlohmann::json params;
+  };
+  const std::vector<Case> cases = {
+      {"expected_attention_uniform", {{"n_future_positions", 16}}},
+      {"expected_attention_uniform", {{"n_sink", 12}}},
+      {"expected_attention_uniform", {{"use_covariance", 0}}},
+      {"expected_attention_uniform", {{"use_vnorm", 0}}},
+      {"expected_attention_uniform", {{"epsilon", 0.5}}},
+      {"expected_attention", {{"alpha_safeguard", 0.8}}},
+      {"expected_attention", {{"n_future_positions", 16}}},
+      {"adakv_snapkv", {{"alpha_safeguard", 0.8}}},  // beyond the window's 64 (+inf): 0.8 x 150 protected
+      {"adakv_snapkv", {{"window_size", 32}}},
+      {"adakv_keydiff", {{"alpha_safeguard", 1.0}}},
+      {"adakv_compactor", {{"alpha_safeguard", 1.0}}},
+      {"lagkv", {{"lag_size", 64}}},
+      {"lagkv", {{"n_sink", 30}}},
+      {"block_keydiff", {{"block_size", 32}}},
+      {"cur", {{"num_sinks", 40}}},
+      {"cur", {{"local_window_size", 64}}},
+      {"cur", {{"use_local_approximation", 0}}},
+      {"non_causal_attn", {{"chunk_size", 64}}},
+      {"compactor", {{"chunk_size", 64}}},
+      {"compactor", {{"sink_size_start", 40}}},
+      {"compactor", {{"sketch_dimension", 16}}},
+      {"leverage_score", {{"sketch_dimension", 16}}},
+      {"critical_snapkv", {{"first_stage_ratio", 0.0}}},
+      {"critical_snapkv", {{"epsilon", 10.0}}},
+      {"critical_expected_attention", {{"first_stage_ratio", 1.0}}},
+      {"critical_adakv_snapkv", {{"alpha_safeguard", 1.0}}},
+      {"critical_adakv_expected_attention", {{"first_stage_ratio", 0.0}}},
+      {"cap", {{"tau", 0.5}}},
+      {"cap", {{"n_future_positions", 16}}},
+      {"adakv_cap", {{"alpha_safeguard", 1.0}}},
+      {"entropy_gated_chunkkv", {{"chunk_length", 16}}},
+      {"entropy_gated_chunkkv", {{"low_entropy_chunk_length", 1}}},
+  };
+  for (const Case& k : cases) {
+    if (!test::press_selected(k.press)) continue;
+    SCOPED_TRACE(std::string(k.press) + " " + k.params.dump());
+    nlohmann::json spec = {{"press", k.press}, {"ratio", 0.5}};
+    const test::KeptSet base = kept_with(spec);
+    spec.update(k.params);
+    EXPECT_NE(kept_with(spec), base);
+  }
+  // Sinks: the first n_sink / num_sinks positions stay in every stream (at a ratio where LagKV's sinks and
+  // kept tail, all scoring 1, fit the budget).
+  for (const auto& [press, name] : std::vector<std::pair<const char*, const char*>>{
+           {"expected_attention_uniform", "n_sink"}, {"lagkv", "n_sink"}, {"cur", "num_sinks"}, {"compactor", "sink_size_start"},
+           {"cap", "n_sink"}}) {
+    SCOPED_TRACE(press);
+    kept_with({{"press", press}, {"ratio", 0.3}, {name, 40}});
+    for (int l = 0; l < c.n_layer; l++)
+      for (int h = 0; h < c.n_head_kv; h++) EXPECT_EQ(s.cache().position_at(l, h, 39), 39);
+  }
+  // alpha_safeguard 1: each head keeps its own share, as the per-head budget does.
+  EXPECT_EQ(kept_with({{"press", "adakv_keydiff"}, {"ratio", 0.5}, {"alpha_safeguard", 1.0}}),
+            kept_with({{"press", "keydiff"}, {"ratio", 0.5}, {"ratio_scope", "head"}}));
+  EXPECT_EQ(kept_with({{"press", "expected_attention"}, {"ratio", 0.5}, {"alpha_safeguard", 1.0}}),
+            kept_with({{"press", "expected_attention_uniform"}, {"ratio", 0.5}, {"ratio_scope", "head"}}));
+  // A pair kvpress refuses, refused when the press is made.
+  EXPECT_THROW(make_press(press_spec_from_json({{"press", "entropy_gated_chunkkv"}, {"ratio", 0.5}, {"chunk_length", 4}}),
+                          *model_),
+               Error);
 }
 
 TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {

@@ -132,6 +132,64 @@ TEST(PressSpec, PressParametersAreDeclaredByTheRegistryAndChecked) {
   EXPECT_THROW(parse_press_spec_patch({{"kernel_sise", 7}}, "kv_compression", false), Error);  // no press takes it
 }
 
+// The other presses' kvpress arguments: declared with kvpress's names and defaults, ranges refused by
+// name; AdaKV's alpha_safeguard for every AdaKV press, adakv_<any press> included.
+TEST(PressSpec, KvpressArgumentsOfThePressesAreDeclared) {
+  const PressSpec ea = press_spec_from_json({{"press", "expected_attention"}, {"ratio", 0.5}});
+  EXPECT_EQ(press_param(ea, "n_future_positions"), 512);
+  EXPECT_EQ(press_param(ea, "n_sink"), 4);
+  EXPECT_EQ(press_param(ea, "use_covariance"), 1);
+  EXPECT_EQ(press_param(ea, "use_vnorm"), 1);
+  EXPECT_EQ(press_param(ea, "epsilon"), 1e-2);
+  EXPECT_EQ(press_param(ea, "alpha_safeguard"), 0.2);
+  const PressSpec ak = press_spec_from_json({{"press", "adakv_keydiff"}, {"ratio", 0.5}, {"alpha_safeguard", 0.5}});
+  EXPECT_EQ(press_param(ak, "alpha_safeguard"), 0.5);
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "adakv_lagkv"}, {"ratio", 0.5}, {"lag_size", 32}}), "lag_size"), 32);
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "adakv_snapkv"}, {"ratio", 0.5}}), "window_size"), 64);
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "block_keydiff"}, {"ratio", 0.5}}), "block_size"), 128);
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "cur"}, {"ratio", 0.5}}), "local_window_size"), 16);
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "compactor"}, {"ratio", 0.5}}), "chunk_size"), 256);
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "non_causal_attn"}, {"ratio", 0.5}}), "chunk_size"), 256);
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "leverage_score"}, {"ratio", 0.5}}), "sketch_dimension"), 48);
+  // Out of range: refused with the range.
+  EXPECT_NE(spec_error({{"press", "adakv_snapkv"}, {"alpha_safeguard", 1.5}}).find("'press.alpha_safeguard' must be a number in [0, 1]"),
+            std::string::npos);
+  EXPECT_NE(spec_error({{"press", "adakv_keydiff"}, {"alpha_safeguard", -0.1}}).find("press.alpha_safeguard"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "expected_attention"}, {"use_covariance", 2}}).find("an integer in [0, 1]"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "expected_attention_uniform"}, {"epsilon", -1}}).find("press.epsilon"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "expected_attention"}, {"n_future_positions", 0}}).find("press.n_future_positions"),
+            std::string::npos);
+  EXPECT_NE(spec_error({{"press", "lagkv"}, {"lag_size", 0}}).find("press.lag_size"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "block_keydiff"}, {"block_size", 0}}).find("press.block_size"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "cur"}, {"use_local_approximation", 0.5}}).find("press.use_local_approximation"),
+            std::string::npos);
+  EXPECT_NE(spec_error({{"press", "compactor"}, {"sketch_dimension", 0}}).find("press.sketch_dimension"), std::string::npos);
+  // Not a parameter of the press: the message lists what it takes.
+  EXPECT_NE(spec_error({{"press", "expected_attention_uniform"}, {"alpha_safeguard", 0.5}})
+                .find("press 'expected_attention_uniform': n_future_positions, n_sink, use_covariance, use_vnorm, epsilon)"),
+            std::string::npos);
+  EXPECT_NE(spec_error({{"press", "knorm"}, {"alpha_safeguard", 0.5}}).find("press 'knorm': none"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "adakv_knorm"}, {"window_size", 8}}).find("press 'adakv_knorm': alpha_safeguard"),
+            std::string::npos);
+  EXPECT_NO_THROW(press_spec_from_json({{"press", "adakv_expected_attention"}, {"ratio", 0.5}, {"alpha_safeguard", 0.5}}));
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "critical_snapkv"}, {"ratio", 0.5}}), "epsilon"), 1e-4);
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "critical_adakv_snapkv"}, {"ratio", 0.5}}), "alpha_safeguard"), 0.2);
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "cap"}, {"ratio", 0.5}}), "tau"), 5);
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "entropy_gated_chunkkv"}, {"ratio", 0.5}}), "low_entropy_chunk_length"), 4);
+  EXPECT_NE(spec_error({{"press", "critical_snapkv"}, {"first_stage_ratio", 1.5}}).find("press.first_stage_ratio"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "critical_snapkv"}, {"alpha_safeguard", 0.5}}).find("press 'critical_snapkv': epsilon, first_stage_ratio)"),
+            std::string::npos);
+  EXPECT_NE(spec_error({{"press", "cap"}, {"tau", -1}}).find("press.tau"), std::string::npos);
+  EXPECT_NE(spec_error({{"press", "entropy_gated_chunkkv"}, {"low_entropy_chunk_length", 0}}).find("press.low_entropy_chunk_length"),
+            std::string::npos);
+  // kvpress's booleans as JSON booleans (Python's use_vnorm=False): 0 / 1.
+  const PressSpec b = press_spec_from_json({{"press", "expected_attention"}, {"ratio", 0.5}, {"use_vnorm", false}});
+  EXPECT_EQ(press_param(b, "use_vnorm"), 0);
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "cur"}, {"ratio", 0.5}, {"use_local_approximation", true}}),
+                        "use_local_approximation"), 1);
+  EXPECT_NE(spec_error({{"press", "knorm"}, {"use_vnorm", false}}).find("unknown field 'press.use_vnorm'"), std::string::npos);
+}
+
 // The server: kv_compression reaches every field of the press, on top of the server's default, and a
 // client cannot name a folder on the host.
 TEST(PressSpec, ServerKvCompressionDeliversEveryFieldButHostPaths) {
@@ -170,6 +228,24 @@ TEST(PressSpec, CliFlagsDeliverEveryField) {
   const PressSpec s = press_spec_from_json(j["press_spec"]);
   expect_every_field(s);
   EXPECT_EQ(j["press_key"].get<std::string>(), press_spec_key(&s));
+}
+
+// --press-param: kvpress's booleans as True / False (or 1 / 0), ranges refused with the parameter's name.
+TEST(PressSpec, CliPressParamsTakeBooleansAndRefuseRanges) {
+  const std::string model = test::default_model_path();
+  ASSERT_TRUE(std::filesystem::exists(model)) << "run `kvzap pull`";
+  const test::CommandResult r = test::run_kvzap(
+      "generate -t 2 -p 'Hello there, how are you today?' -n 1 --json --press expected_attention --ratio 0.5 "
+      "--press-param use_vnorm=False --press-param n_sink=3 --press-param alpha_safeguard=0.5");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const PressSpec s = press_spec_from_json(json::parse(r.out)["press_spec"]);
+  EXPECT_EQ(press_param(s, "use_vnorm"), 0);
+  EXPECT_EQ(press_param(s, "n_sink"), 3);
+  EXPECT_EQ(press_param(s, "alpha_safeguard"), 0.5);
+  const test::CommandResult bad = test::run_kvzap(
+      "generate -t 2 -p 'Hello there' -n 1 --press adakv_knorm --ratio 0.5 --press-param alpha_safeguard=2");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("'--press-param alpha_safeguard' must be a number in [0, 1]"), std::string::npos) << bad.err;
 }
 
 }  // namespace
