@@ -106,6 +106,7 @@ def presses():
     add("critical_adakv_snapkv", "adakv", lambda r: K.CriticalAdaKVPress(sn(compression_ratio=r)))
     add("entropy_gated_chunkkv", "head", lambda r: K.EntropyGatedChunkKVPress(press=sn(compression_ratio=r)))
     add("block_keydiff", "head", lambda r: K.BlockPress(press=K.KeyDiffPress(compression_ratio=r), block_size=128))
+    add("chunk_snapkv", "head", lambda r: K.ChunkPress(press=sn(compression_ratio=r), chunk_length=1024))
     add("cap", "head", lambda r: K.CapPress(compression_ratio=r))
     add("adakv_cap", "adakv", lambda r: K.AdaKVPress(K.CapPress(compression_ratio=r)))
     add("compactor", "head", lambda r: K.CompactorPress(compression_ratio=r), expect="report",
@@ -123,6 +124,13 @@ def presses():
         variant="window_size=32 kernel_size=7 beta=10", params={"window_size": 32, "kernel_size": 7, "beta": 10})
     add("chunkkv", "head", lambda r: K.ChunkKVPress(press=sn(compression_ratio=r), chunk_length=12),
         variant="chunk_length=12", params={"chunk_length": 12})
+    # Every context in 3 to 5 chunks (the last one longer than the window: kvpress asserts otherwise).
+    add("chunk_snapkv", "head", lambda r: K.ChunkPress(press=sn(compression_ratio=r), chunk_length=256),
+        variant="chunk_length=256", params={"chunk_length": 256})
+    add("chunk_snapkv", "head",
+        lambda r: K.ChunkPress(press=sn(compression_ratio=r, window_size=32, kernel_size=3), chunk_length=200),
+        variant="chunk_length=200 window_size=32 kernel_size=3",
+        params={"chunk_length": 200, "window_size": 32, "kernel_size": 3})
     # Negative control: a different press must be told apart (the comparison can fail).
     add("knorm", "head", lambda r: K.KeyDiffPress(compression_ratio=r), expect="differ",
         why="negative control", variant="against kvpress KeyDiffPress")
@@ -245,15 +253,20 @@ def record_scores(press):
     from kvpress import BlockPress
     if isinstance(press, BlockPress):  # scores subsets block by block: no per-position scores to keep
         return {}
+    from kvpress import ChunkPress
     inner = press if isinstance(press, ScorerPress) else getattr(press, "press", None)
     recorded = {}
     if not isinstance(inner, ScorerPress):
         return recorded
     original = inner.score
+    chunked = isinstance(press, ChunkPress)  # scores chunk by chunk, in order: concatenated per layer
 
     def score(module, *a, **k):
+        import torch
         s = original(module, *a, **k)
-        recorded[int(module.layer_idx)] = s[0].detach().clone()
+        layer = int(module.layer_idx)
+        row = s[0].detach().clone()
+        recorded[layer] = torch.cat([recorded[layer], row], dim=-1) if chunked and layer in recorded else row
         return s
     inner.score = score
     return recorded

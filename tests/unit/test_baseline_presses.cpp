@@ -1192,6 +1192,79 @@ TEST(BaselineBudgets, EntropyGatedChunkKvKeepsSpikyChunksOnlyInPartAndTopsUpTheB
   EXPECT_GT(n_topped_up, 0);
 }
 
+}  // namespace
+namespace kvzap {
+// press/scorer_chunk_snapkv.cpp
+std::unique_ptr<Scorer> make_chunk_snapkv_scorer(const ModelConfig& c, int64_t chunk_length, int window, int kernel);
+}  // namespace kvzap
+namespace {
+
+// kvpress ChunkPress(SnapKVPress) written out: SnapKV on each chunk's own keys, voted by the chunk's last W
+// queries rotated (as kvpress takes the last W rotary angles of the whole input) for positions T - W .. T - 1.
+Scores naive_chunk_snapkv(const Context& x, int64_t C, int W, int K, bool own_angles = false) {
+  const int G = x.c.n_group(), D = x.D();
+  Scores s((size_t)x.c.n_layer, std::vector<std::vector<double>>((size_t)x.c.n_head_kv, std::vector<double>((size_t)x.T, INFINITY)));
+  for (int l = 0; l < x.c.n_layer; l++)
+    for (int hk = 0; hk < x.c.n_head_kv; hk++)
+      for (int64_t c0 = 0; c0 < x.T; c0 += C) {
+        const int64_t n = std::min(C, x.T - c0), m = n - W;
+        if (m <= 0) continue;  // a short last chunk: kept whole
+        std::vector<double> acc((size_t)m, 0.0);
+        for (int g = 0; g < G; g++)
+          for (int64_t j = 0; j < W; j++) {
+            const int64_t p = c0 + m + j;  // the query's own position
+            std::vector<float> q(&x.qpre[(size_t)l][(size_t)((p * x.c.n_head + hk * G + g) * D)],
+                                 &x.qpre[(size_t)l][(size_t)((p * x.c.n_head + hk * G + g) * D)] + D);
+            rotate(x.c, q.data(), own_angles ? p : x.T - W + j);
+            std::vector<double> logit((size_t)(m + j + 1));
+            double mx = -INFINITY, sum = 0;
+            for (int64_t i = 0; i <= m + j; i++)
+              mx = std::max(mx, logit[(size_t)i] = dot(q.data(), x.key(l, hk, c0 + i), D) / std::sqrt((double)D));
+            for (double& a : logit) sum += (a = std::exp(a - mx));
+            for (int64_t i = 0; i < m; i++) acc[(size_t)i] += logit[(size_t)i] / sum / W / G;
+          }
+        const std::vector<double> pooled = naive_pool(acc, K);
+        std::copy(pooled.begin(), pooled.end(), s[(size_t)l][(size_t)hk].begin() + c0);
+      }
+  return s;
+}
+
+TEST(BaselineBudgets, ChunkSnapKvRunsSnapKvOnEachChunkAndKeepsEachChunksShare) {
+  const ModelConfig c = small_config();
+  for (const int64_t T : {(int64_t)150, (int64_t)130}) {  // last chunk of 30 (scored), of 10 (<= the window: kept whole)
+    SCOPED_TRACE(T);
+    const Context x = make_context(c, T, 31, /*rope=*/true);
+    const Scores want = naive_chunk_snapkv(x, 40, 16, 3);
+    for (int64_t step : {T, (int64_t)7, (int64_t)1}) {
+      auto s = make_chunk_snapkv_scorer(c, 40, 16, 3);
+      expect_scores_near(run_scorer(*s, x, step), want, 1e-4, "chunk_snapkv");
+    }
+    // The queries' own angles would score differently: the re-rotation matters.
+    const Scores own = naive_chunk_snapkv(x, 40, 16, 3, /*own_angles=*/true);
+    EXPECT_GT(std::fabs(own[0][0][5] - want[0][0][5]), 1e-3 * std::fabs(want[0][0][5]));
+    if (T == 150) EXPECT_EQ(own[0][0][125], want[0][0][125]);  // the last chunk's queries sit at those positions
+    const double ratio = 0.4;
+    const auto kept = run_ratio(make_chunk_snapkv_scorer(c, 40, 16, 3), x, ratio, "global", 9);
+    for (int l = 0; l < c.n_layer; l++)
+      for (int h = 0; h < c.n_head_kv; h++) {
+        std::vector<int32_t> w;
+        for (int64_t c0 = 0; c0 < T; c0 += 40) {
+          const int64_t n = std::min<int64_t>(40, T - c0);
+          if (n <= 16) {  // kept whole
+            for (int64_t i = c0; i < T; i++) w.push_back((int32_t)i);
+            continue;
+          }
+          const std::vector<double> part(want[(size_t)l][(size_t)h].begin() + c0, want[(size_t)l][(size_t)h].begin() + c0 + n);
+          for (int32_t i : top_slots(part, std::max<int64_t>(1, (int64_t)((double)n * (1.0 - ratio))))) w.push_back((int32_t)c0 + i);
+        }
+        EXPECT_EQ(kept[(size_t)l][(size_t)h], w) << "layer " << l << " head " << h;
+      }
+  }
+  // A chunk no longer than the window cannot vote.
+  EXPECT_THROW(make_chunk_snapkv_scorer(c, 16, 16, 3), Error);
+  EXPECT_THROW(make_chunk_snapkv_scorer(c, 40, 16, 4), Error);
+}
+
 TEST(BaselineBudgets, ProtectedEntriesSurviveEvenAGlobalBudget) {
   const ModelConfig c = small_config();
   const Context x = make_context(c, 120, 15);
@@ -1246,7 +1319,7 @@ TEST_F(BaselinesWithModel, RegistryHoldsEveryBaselineButNotNoPress) {
                         "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur", "compactor",
                         "non_causal_attn", "cap", "block_keydiff", "critical_snapkv", "leverage_score", "critical_expected_attention",
                         "critical_adakv_expected_attention", "critical_adakv_snapkv",
-                        "entropy_gated_chunkkv"})
+                        "entropy_gated_chunkkv", "chunk_snapkv"})
     EXPECT_TRUE(names.count(n)) << n;
   EXPECT_FALSE(names.count("no_press"));
   PressSpec o;
@@ -1311,7 +1384,7 @@ TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
                            "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur",
                            "compactor", "adakv_keydiff", "non_causal_attn", "cap", "block_keydiff", "critical_snapkv",
                            "leverage_score", "critical_expected_attention", "critical_adakv_expected_attention",
-                           "critical_adakv_snapkv", "entropy_gated_chunkkv"}) {
+                           "critical_adakv_snapkv", "entropy_gated_chunkkv", "chunk_snapkv"}) {
     if (!test::press_selected(name)) continue;
     SCOPED_TRACE(name);
     PressSpec o;
@@ -1336,10 +1409,10 @@ TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
       for (int h = 0; h < c.n_head_kv; h++) {
         const int64_t len = s.cache().length(l, h);
         if (n == "snapkv" || n == "tova" || n == "pyramidkv" || n == "adakv_snapkv" || n == "critical_snapkv" ||
-            n == "critical_adakv_snapkv")
+            n == "critical_adakv_snapkv" || n == "chunk_snapkv")
           EXPECT_EQ(s.cache().position_at(l, h, len - 1), T - 1);
         // CriticalKV's first stage (int(150 / 2) = 75 entries) takes SnapKV's window whole.
-        if (n == "snapkv" || n == "adakv_snapkv" || n == "critical_snapkv")
+        if (n == "snapkv" || n == "adakv_snapkv" || n == "critical_snapkv" || n == "chunk_snapkv")  // one chunk of 300
           EXPECT_EQ(s.cache().position_at(l, h, len - 64), T - 64);
         if (n == "expected_attention_uniform" || n == "cur" || n == "compactor" || n == "cap" ||
             n == "critical_expected_attention" || n == "critical_adakv_expected_attention")
