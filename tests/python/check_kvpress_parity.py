@@ -50,6 +50,8 @@ VERBOSE = "-v" in ARGS
 ONLY = [ARGS[i + 1] for i, a in enumerate(ARGS) if a == "--press" and i + 1 < len(ARGS)]
 JSON_OUT = next((ARGS[i + 1] for i, a in enumerate(ARGS) if a == "--json" and i + 1 < len(ARGS)), None)
 RATIO = 0.5
+EOG_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|end|>",
+             "<end_of_turn>", "<|return|>")
 N_ANSWER = 6
 
 
@@ -107,6 +109,8 @@ def presses():
     add("entropy_gated_chunkkv", "head", lambda r: K.EntropyGatedChunkKVPress(press=sn(compression_ratio=r)))
     add("block_keydiff", "head", lambda r: K.BlockPress(press=K.KeyDiffPress(compression_ratio=r), block_size=128))
     add("chunk_snapkv", "head", lambda r: K.ChunkPress(press=sn(compression_ratio=r), chunk_length=1024))
+    add("chunk_keydiff", "head", lambda r: K.ChunkPress(press=K.KeyDiffPress(compression_ratio=r), chunk_length=1024))
+    add("chunk_tova", "head", lambda r: K.ChunkPress(press=K.TOVAPress(compression_ratio=r), chunk_length=1024))
     add("cap", "head", lambda r: K.CapPress(compression_ratio=r))
     add("adakv_cap", "adakv", lambda r: K.AdaKVPress(K.CapPress(compression_ratio=r)))
     add("compactor", "head", lambda r: K.CompactorPress(compression_ratio=r), expect="report",
@@ -131,6 +135,10 @@ def presses():
         lambda r: K.ChunkPress(press=sn(compression_ratio=r, window_size=32, kernel_size=3), chunk_length=200),
         variant="chunk_length=200 window_size=32 kernel_size=3",
         params={"chunk_length": 200, "window_size": 32, "kernel_size": 3})
+    add("chunk_keydiff", "head", lambda r: K.ChunkPress(press=K.KeyDiffPress(compression_ratio=r), chunk_length=100),
+        variant="chunk_length=100", params={"chunk_length": 100})
+    add("chunk_tova", "head", lambda r: K.ChunkPress(press=K.TOVAPress(compression_ratio=r), chunk_length=100),
+        variant="chunk_length=100", params={"chunk_length": 100})
     # Negative control: a different press must be told apart (the comparison can fail).
     add("knorm", "head", lambda r: K.KeyDiffPress(compression_ratio=r), expect="differ",
         why="negative control", variant="against kvpress KeyDiffPress")
@@ -272,7 +280,7 @@ def record_scores(press):
     return recorded
 
 
-def kvpress_run(model, press, ids, q_ids, ref_keys, n_answer):
+def kvpress_run(model, press, ids, q_ids, ref_keys, n_answer, eog=()):
     """Kept positions [layer][head] (sorted lists), the greedy answer under `press`, and the scores its
     ScorerPress gave ({layer: [H, T]}, empty for other presses)."""
     import torch
@@ -322,7 +330,7 @@ def kvpress_run(model, press, ids, q_ids, ref_keys, n_answer):
         answer = [int(out.logits[0, -1].argmax())]
         T += len(q_ids)
         eos = model.generation_config.eos_token_id
-        eos = set(eos if isinstance(eos, list) else [eos])
+        eos = set(eos if isinstance(eos, list) else [eos]) | set(eog)
         for i in range(n_answer - 1):
             if answer[-1] in eos:
                 break
@@ -428,6 +436,10 @@ def main():
             inputs = [pipeline_ids(tok, t, QUESTION) for t in texts]
             ctx_ids = [i for i, _ in inputs]
             refs = {a: [full_keys(models[a], ids) for ids in ctx_ids] for a in models}
+            # kvzap also ends an answer at the chat's end-of-turn tokens (src/tokenizer/tokenizer.cpp
+            # kEndOfGenerationTexts: SmolLM2's <|im_end|>), which generation_config's eos may leave out.
+            vocab = tok.get_vocab()
+            eog = {vocab[t] for t in EOG_TEXTS if t in vocab}
             for P in presses():
                 if ONLY and P["name"] not in ONLY:
                     continue
@@ -441,7 +453,7 @@ def main():
                             raise RuntimeError("context %d: kvzap's token ids differ from the tokenizer's" % c)
                         torch.manual_seed(0)
                         p_kept, p_answer, p_scores = kvpress_run(models[P["attn"]], P["make"](RATIO), ids,
-                                                                 inputs[c][1], refs[P["attn"]][c], N_ANSWER)
+                                                                 inputs[c][1], refs[P["attn"]][c], N_ANSWER, eog)
                         for l in range(len(p_kept)):
                             for h in range(len(p_kept[l])):
                                 j = jaccard(k_kept[l][h], p_kept[l][h])

@@ -1265,6 +1265,116 @@ TEST(BaselineBudgets, ChunkSnapKvRunsSnapKvOnEachChunkAndKeepsEachChunksShare) {
   EXPECT_THROW(make_chunk_snapkv_scorer(c, 40, 16, 4), Error);
 }
 
+}  // namespace
+namespace kvzap {
+std::unique_ptr<Scorer> make_chunk_keydiff_scorer(int64_t chunk_length);  // press/scorer_chunk_keydiff.cpp
+}  // namespace kvzap
+namespace {
+
+TEST(BaselineBudgets, ChunkKeyDiffScoresEachChunkAgainstItsOwnAnchorAndKeepsEachChunksShare) {
+  const ModelConfig c = small_config();
+  const int64_t T = 110, C = 40;  // chunks of 40, 40 and 30
+  const Context x = make_context(c, T, 33, /*rope=*/true);
+  const int D = c.head_dim;
+  Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)c.n_head_kv));
+  for (int l = 0; l < c.n_layer; l++)
+    for (int h = 0; h < c.n_head_kv; h++)
+      for (int64_t c0 = 0; c0 < T; c0 += C) {
+        const int64_t n = std::min(C, T - c0);
+        std::vector<double> anchor((size_t)D, 0.0);
+        for (int64_t i = c0; i < c0 + n; i++) {
+          const double nk = std::sqrt(dot(x.key(l, h, i), x.key(l, h, i), D));
+          for (int d = 0; d < D; d++) anchor[(size_t)d] += x.key(l, h, i)[d] / nk / (double)n;
+        }
+        double an = 0;
+        for (double a : anchor) an += a * a;
+        for (int64_t i = c0; i < c0 + n; i++) {
+          double kd = 0;
+          for (int d = 0; d < D; d++) kd += x.key(l, h, i)[d] * anchor[(size_t)d];
+          want[(size_t)l][(size_t)h].push_back(-kd / std::sqrt(dot(x.key(l, h, i), x.key(l, h, i), D) * an));
+        }
+      }
+  auto s = make_chunk_keydiff_scorer(C);
+  expect_scores_near(run_scorer(*s, x, 13), want, 1e-5, "chunk_keydiff");
+  // One chunk covering the context is KeyDiff itself.
+  auto whole = make_chunk_keydiff_scorer(1000);
+  auto kd = make_keydiff_scorer();
+  EXPECT_EQ(run_scorer(*whole, x, T), run_scorer(*kd, x, T));
+  for (double ratio : {0.3, 0.5, 0.9}) {
+    const auto kept = run_ratio(make_chunk_keydiff_scorer(C), x, ratio, "global");  // the scope does not apply
+    for (int l = 0; l < c.n_layer; l++)
+      for (int h = 0; h < c.n_head_kv; h++) {
+        std::vector<int32_t> w;
+        for (int64_t c0 = 0; c0 < T; c0 += C) {
+          const int64_t n = std::min(C, T - c0);
+          const std::vector<double> part(want[(size_t)l][(size_t)h].begin() + c0, want[(size_t)l][(size_t)h].begin() + c0 + n);
+          for (int32_t i : top_slots(part, std::max<int64_t>(1, (int64_t)((double)n * (1.0 - ratio))))) w.push_back((int32_t)c0 + i);
+        }
+        EXPECT_EQ(kept[(size_t)l][(size_t)h], w) << "ratio " << ratio << " layer " << l << " head " << h;
+      }
+  }
+  EXPECT_THROW(make_chunk_keydiff_scorer(0), Error);
+}
+
+}  // namespace
+namespace kvzap {
+std::unique_ptr<Scorer> make_chunk_tova_scorer(const ModelConfig& c, int64_t chunk_length);  // press/scorer_chunk_tova.cpp
+}  // namespace kvzap
+namespace {
+
+// kvpress ChunkPress(TOVAPress) written out: per chunk, the chunk's last query (rotated, as kvpress takes the
+// last rotary angle of the whole input, for position T - 1) over the chunk's keys, averaged over all heads.
+Scores naive_chunk_tova(const Context& x, int64_t C, bool own_angle = false) {
+  const int H = x.c.n_head, G = x.c.n_group(), D = x.D();
+  Scores s((size_t)x.c.n_layer, std::vector<std::vector<double>>((size_t)x.c.n_head_kv, std::vector<double>((size_t)x.T, INFINITY)));
+  for (int l = 0; l < x.c.n_layer; l++)
+    for (int64_t c0 = 0; c0 < x.T; c0 += C) {
+      const int64_t n = std::min(C, x.T - c0), p = c0 + n - 1;
+      if (n < 2) continue;
+      std::vector<double> acc((size_t)n, 0.0);
+      for (int hq = 0; hq < H; hq++) {
+        std::vector<float> q(&x.qpre[(size_t)l][(size_t)((p * H + hq) * D)], &x.qpre[(size_t)l][(size_t)((p * H + hq) * D)] + D);
+        rotate(x.c, q.data(), own_angle ? p : x.T - 1);
+        std::vector<double> logit((size_t)n);
+        double mx = -INFINITY, sum = 0;
+        for (int64_t i = 0; i < n; i++) mx = std::max(mx, logit[(size_t)i] = dot(q.data(), x.key(l, hq / G, c0 + i), D) / std::sqrt((double)D));
+        for (double& a : logit) sum += (a = std::exp(a - mx));
+        for (int64_t i = 0; i < n; i++) acc[(size_t)i] += logit[(size_t)i] / sum / H;
+      }
+      for (int hk = 0; hk < x.c.n_head_kv; hk++)
+        for (int64_t i = 0; i < n - 1; i++) s[(size_t)l][(size_t)hk][(size_t)(c0 + i)] = acc[(size_t)i];
+    }
+  return s;
+}
+
+TEST(BaselineBudgets, ChunkTovaRunsTovaOnEachChunkAndKeepsEachChunksShare) {
+  const ModelConfig c = small_config();
+  for (const int64_t T : {(int64_t)110, (int64_t)81}) {  // chunks of 40, 40, 30 / 40, 40, 1 (a lone entry: kept)
+    SCOPED_TRACE(T);
+    const Context x = make_context(c, T, 35, /*rope=*/true);
+    const Scores want = naive_chunk_tova(x, 40);
+    for (int64_t step : {T, (int64_t)6, (int64_t)1}) {
+      auto s = make_chunk_tova_scorer(c, 40);
+      expect_scores_near(run_scorer(*s, x, step), want, 1e-4, "chunk_tova");
+    }
+    const Scores own = naive_chunk_tova(x, 40, /*own_angle=*/true);
+    EXPECT_GT(std::fabs(own[0][0][5] - want[0][0][5]), 1e-3 * std::fabs(want[0][0][5]));  // the re-rotation matters
+    const double ratio = 0.6;
+    const auto kept = run_ratio(make_chunk_tova_scorer(c, 40), x, ratio, "global", 9);
+    for (int l = 0; l < c.n_layer; l++)
+      for (int h = 0; h < c.n_head_kv; h++) {
+        std::vector<int32_t> w;
+        for (int64_t c0 = 0; c0 < T; c0 += 40) {
+          const int64_t n = std::min<int64_t>(40, T - c0);
+          const std::vector<double> part(want[(size_t)l][(size_t)h].begin() + c0, want[(size_t)l][(size_t)h].begin() + c0 + n);
+          for (int32_t i : top_slots(part, std::max<int64_t>(1, (int64_t)((double)n * (1.0 - ratio))))) w.push_back((int32_t)c0 + i);
+        }
+        EXPECT_EQ(kept[(size_t)l][(size_t)h], w) << "layer " << l << " head " << h;
+      }
+  }
+  EXPECT_THROW(make_chunk_tova_scorer(c, 1), Error);
+}
+
 TEST(BaselineBudgets, ProtectedEntriesSurviveEvenAGlobalBudget) {
   const ModelConfig c = small_config();
   const Context x = make_context(c, 120, 15);
@@ -1319,7 +1429,7 @@ TEST_F(BaselinesWithModel, RegistryHoldsEveryBaselineButNotNoPress) {
                         "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur", "compactor",
                         "non_causal_attn", "cap", "block_keydiff", "critical_snapkv", "leverage_score", "critical_expected_attention",
                         "critical_adakv_expected_attention", "critical_adakv_snapkv",
-                        "entropy_gated_chunkkv", "chunk_snapkv"})
+                        "entropy_gated_chunkkv", "chunk_snapkv", "chunk_keydiff", "chunk_tova"})
     EXPECT_TRUE(names.count(n)) << n;
   EXPECT_FALSE(names.count("no_press"));
   PressSpec o;
@@ -1384,7 +1494,8 @@ TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
                            "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur",
                            "compactor", "adakv_keydiff", "non_causal_attn", "cap", "block_keydiff", "critical_snapkv",
                            "leverage_score", "critical_expected_attention", "critical_adakv_expected_attention",
-                           "critical_adakv_snapkv", "entropy_gated_chunkkv", "chunk_snapkv"}) {
+                           "critical_adakv_snapkv", "entropy_gated_chunkkv", "chunk_snapkv",
+                           "chunk_keydiff", "chunk_tova"}) {
     if (!test::press_selected(name)) continue;
     SCOPED_TRACE(name);
     PressSpec o;
@@ -1409,7 +1520,7 @@ TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
       for (int h = 0; h < c.n_head_kv; h++) {
         const int64_t len = s.cache().length(l, h);
         if (n == "snapkv" || n == "tova" || n == "pyramidkv" || n == "adakv_snapkv" || n == "critical_snapkv" ||
-            n == "critical_adakv_snapkv" || n == "chunk_snapkv")
+            n == "critical_adakv_snapkv" || n == "chunk_snapkv" || n == "chunk_tova")
           EXPECT_EQ(s.cache().position_at(l, h, len - 1), T - 1);
         // CriticalKV's first stage (int(150 / 2) = 75 entries) takes SnapKV's window whole.
         if (n == "snapkv" || n == "adakv_snapkv" || n == "critical_snapkv" || n == "chunk_snapkv")  // one chunk of 300
