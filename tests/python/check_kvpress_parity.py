@@ -111,6 +111,7 @@ def presses():
     add("chunk_snapkv", "head", lambda r: K.ChunkPress(press=sn(compression_ratio=r), chunk_length=1024))
     add("chunk_keydiff", "head", lambda r: K.ChunkPress(press=K.KeyDiffPress(compression_ratio=r), chunk_length=1024))
     add("chunk_tova", "head", lambda r: K.ChunkPress(press=K.TOVAPress(compression_ratio=r), chunk_length=1024))
+    add("chunk_knorm", "head", lambda r: K.ChunkPress(press=K.KnormPress(compression_ratio=r), chunk_length=1024))
     add("cap", "head", lambda r: K.CapPress(compression_ratio=r))
     add("adakv_cap", "adakv", lambda r: K.AdaKVPress(K.CapPress(compression_ratio=r)))
     add("compactor", "head", lambda r: K.CompactorPress(compression_ratio=r), expect="report",
@@ -138,6 +139,8 @@ def presses():
     add("chunk_keydiff", "head", lambda r: K.ChunkPress(press=K.KeyDiffPress(compression_ratio=r), chunk_length=100),
         variant="chunk_length=100", params={"chunk_length": 100})
     add("chunk_tova", "head", lambda r: K.ChunkPress(press=K.TOVAPress(compression_ratio=r), chunk_length=100),
+        variant="chunk_length=100", params={"chunk_length": 100})
+    add("chunk_knorm", "head", lambda r: K.ChunkPress(press=K.KnormPress(compression_ratio=r), chunk_length=100),
         variant="chunk_length=100", params={"chunk_length": 100})
     # Negative control: a different press must be told apart (the comparison can fail).
     add("knorm", "head", lambda r: K.KeyDiffPress(compression_ratio=r), expect="differ",
@@ -344,15 +347,18 @@ def kvpress_run(model, press, ids, q_ids, ref_keys, n_answer, eog=()):
     return kept, answer, scores
 
 
-def explained_by_ties(k_kept, p_kept, score_row, rel=1e-5):
+def explained_by_ties(k_kept, p_kept, score_row, rel=1e-5, chunk=None):
     """Whether the positions one side keeps and the other does not all score the same in kvpress (within
     float noise): a tie whose order neither side defines (torch.topk's order among equal values is its
-    selection algorithm's, not the index order)."""
+    selection algorithm's, not the index order). chunk: ChunkPress's chunk_length, whose chunks each take
+    their own budget, so each chunk's differing positions must tie among themselves."""
     if score_row is None:
         return False
     diff = sorted(set(k_kept) ^ set(p_kept))
-    v = [float(score_row[p]) for p in diff]
-    return max(v) - min(v) <= rel * max(1e-30, max(abs(x) for x in v))
+    groups = {}
+    for p in diff:
+        groups.setdefault(p // chunk if chunk else 0, []).append(float(score_row[p]))
+    return all(max(v) - min(v) <= rel * max(1e-30, max(abs(x) for x in v)) for v in groups.values())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -452,7 +458,9 @@ def main():
                         if k_ids is not None and k_ids != ids:
                             raise RuntimeError("context %d: kvzap's token ids differ from the tokenizer's" % c)
                         torch.manual_seed(0)
-                        p_kept, p_answer, p_scores = kvpress_run(models[P["attn"]], P["make"](RATIO), ids,
+                        press = P["make"](RATIO)
+                        chunk = press.chunk_length if isinstance(press, kvpress.ChunkPress) else None
+                        p_kept, p_answer, p_scores = kvpress_run(models[P["attn"]], press, ids,
                                                                  inputs[c][1], refs[P["attn"]][c], N_ANSWER, eog)
                         for l in range(len(p_kept)):
                             for h in range(len(p_kept[l])):
@@ -461,7 +469,7 @@ def main():
                                 min_j = min(min_j, j)
                                 if j < 1:
                                     row_scores = p_scores[l][h] if l in p_scores else None
-                                    if explained_by_ties(k_kept[l][h], p_kept[l][h], row_scores):
+                                    if explained_by_ties(k_kept[l][h], p_kept[l][h], row_scores, chunk=chunk):
                                         tie_heads += 1
                                         tie_contexts.add(c)
                                 if VERBOSE and j < 1:

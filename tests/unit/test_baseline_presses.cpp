@@ -1375,6 +1375,41 @@ TEST(BaselineBudgets, ChunkTovaRunsTovaOnEachChunkAndKeepsEachChunksShare) {
   EXPECT_THROW(make_chunk_tova_scorer(c, 1), Error);
 }
 
+}  // namespace
+namespace kvzap {
+std::unique_ptr<Scorer> make_chunk_knorm_scorer(int64_t chunk_length);  // press/scorer_chunk_knorm.cpp
+}  // namespace kvzap
+namespace {
+
+TEST(BaselineBudgets, ChunkKnormKeepsTheLowestNormKeysOfEachChunk) {
+  const ModelConfig c = small_config();
+  const int64_t T = 95, C = 30;  // chunks of 30, 30, 30 and 5
+  const Context x = make_context(c, T, 37, /*rope=*/true);
+  Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)c.n_head_kv));
+  for (int l = 0; l < c.n_layer; l++)
+    for (int h = 0; h < c.n_head_kv; h++)
+      for (int64_t i = 0; i < T; i++) want[(size_t)l][(size_t)h].push_back(-std::sqrt(dot(x.key(l, h, i), x.key(l, h, i), x.D())));
+  auto s = make_chunk_knorm_scorer(C);
+  expect_scores_near(run_scorer(*s, x, 11), want, 1e-6, "chunk_knorm");
+  for (double ratio : {0.25, 0.5, 0.9}) {
+    const auto kept = run_ratio(make_chunk_knorm_scorer(C), x, ratio, "layer");  // the scope does not apply
+    bool uneven = false;  // the per-chunk budget is not the head's lowest norms overall
+    for (int l = 0; l < c.n_layer; l++)
+      for (int h = 0; h < c.n_head_kv; h++) {
+        std::vector<int32_t> w;
+        for (int64_t c0 = 0; c0 < T; c0 += C) {
+          const int64_t n = std::min(C, T - c0);
+          const std::vector<double> part(want[(size_t)l][(size_t)h].begin() + c0, want[(size_t)l][(size_t)h].begin() + c0 + n);
+          for (int32_t i : top_slots(part, std::max<int64_t>(1, (int64_t)((double)n * (1.0 - ratio))))) w.push_back((int32_t)c0 + i);
+        }
+        EXPECT_EQ(kept[(size_t)l][(size_t)h], w) << "ratio " << ratio << " layer " << l << " head " << h;
+        uneven |= top_slots(want[(size_t)l][(size_t)h], (int64_t)w.size()) != w;
+      }
+    EXPECT_TRUE(uneven) << ratio;
+  }
+  EXPECT_THROW(make_chunk_knorm_scorer(0), Error);
+}
+
 TEST(BaselineBudgets, ProtectedEntriesSurviveEvenAGlobalBudget) {
   const ModelConfig c = small_config();
   const Context x = make_context(c, 120, 15);
@@ -1429,7 +1464,8 @@ TEST_F(BaselinesWithModel, RegistryHoldsEveryBaselineButNotNoPress) {
                         "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur", "compactor",
                         "non_causal_attn", "cap", "block_keydiff", "critical_snapkv", "leverage_score", "critical_expected_attention",
                         "critical_adakv_expected_attention", "critical_adakv_snapkv",
-                        "entropy_gated_chunkkv", "chunk_snapkv", "chunk_keydiff", "chunk_tova"})
+                        "entropy_gated_chunkkv", "chunk_snapkv", "chunk_keydiff", "chunk_tova",
+                        "chunk_knorm"})
     EXPECT_TRUE(names.count(n)) << n;
   EXPECT_FALSE(names.count("no_press"));
   PressSpec o;
@@ -1495,7 +1531,7 @@ TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
                            "compactor", "adakv_keydiff", "non_causal_attn", "cap", "block_keydiff", "critical_snapkv",
                            "leverage_score", "critical_expected_attention", "critical_adakv_expected_attention",
                            "critical_adakv_snapkv", "entropy_gated_chunkkv", "chunk_snapkv",
-                           "chunk_keydiff", "chunk_tova"}) {
+                           "chunk_keydiff", "chunk_tova", "chunk_knorm"}) {
     if (!test::press_selected(name)) continue;
     SCOPED_TRACE(name);
     PressSpec o;
