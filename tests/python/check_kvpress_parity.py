@@ -112,6 +112,8 @@ def presses():
     add("chunk_keydiff", "head", lambda r: K.ChunkPress(press=K.KeyDiffPress(compression_ratio=r), chunk_length=1024))
     add("chunk_tova", "head", lambda r: K.ChunkPress(press=K.TOVAPress(compression_ratio=r), chunk_length=1024))
     add("chunk_knorm", "head", lambda r: K.ChunkPress(press=K.KnormPress(compression_ratio=r), chunk_length=1024))
+    add("chunk_expected_attention", "head",
+        lambda r: K.ChunkPress(press=(lambda p: (setattr(p, "compression_ratio", r), p)[1])(ea()), chunk_length=1024))
     add("cap", "head", lambda r: K.CapPress(compression_ratio=r))
     add("adakv_cap", "adakv", lambda r: K.AdaKVPress(K.CapPress(compression_ratio=r)))
     add("compactor", "head", lambda r: K.CompactorPress(compression_ratio=r), expect="report",
@@ -142,6 +144,9 @@ def presses():
         variant="chunk_length=100", params={"chunk_length": 100})
     add("chunk_knorm", "head", lambda r: K.ChunkPress(press=K.KnormPress(compression_ratio=r), chunk_length=100),
         variant="chunk_length=100", params={"chunk_length": 100})
+    add("chunk_expected_attention", "head",
+        lambda r: K.ChunkPress(press=K.ExpectedAttentionPress(compression_ratio=r, epsilon=0.0), chunk_length=100),
+        variant="chunk_length=100 epsilon=0", params={"chunk_length": 100, "epsilon": 0})
     # Negative control: a different press must be told apart (the comparison can fail).
     add("knorm", "head", lambda r: K.KeyDiffPress(compression_ratio=r), expect="differ",
         why="negative control", variant="against kvpress KeyDiffPress")

@@ -1410,6 +1410,111 @@ TEST(BaselineBudgets, ChunkKnormKeepsTheLowestNormKeysOfEachChunk) {
   EXPECT_THROW(make_chunk_knorm_scorer(0), Error);
 }
 
+}  // namespace
+namespace kvzap {
+// press/scorer_chunk_expected_attention.cpp
+std::unique_ptr<Scorer> make_chunk_expected_attention_scorer(const ModelConfig& c, int64_t chunk_length, double epsilon);
+}  // namespace kvzap
+namespace {
+
+// kvpress ChunkPress(ExpectedAttentionPress) written out: per chunk of n entries, the query statistics of the
+// chunk's pre-RoPE queries past its first 4, rotated by the rotation averaged over positions n .. n + 511.
+Scores naive_chunk_expected_attention(const Context& x, int64_t C, double eps) {
+  const int H = x.c.n_head, G = x.c.n_group(), D = x.D(), half = D / 2;
+  Scores s((size_t)x.c.n_layer, std::vector<std::vector<double>>((size_t)x.c.n_head_kv, std::vector<double>((size_t)x.T, INFINITY)));
+  for (int l = 0; l < x.c.n_layer; l++)
+    for (int64_t c0 = 0; c0 < x.T; c0 += C) {
+      const int64_t n = std::min(C, x.T - c0), m = n - 4;
+      if (m <= 0) continue;
+      std::vector<double> R((size_t)D * D, 0.0);
+      for (int i = 0; i < half; i++) {
+        double cb = 0, sb = 0;
+        for (int64_t p = n; p < n + 512; p++) cb += std::cos(rope_angle(x.c, p, i)) / 512, sb += std::sin(rope_angle(x.c, p, i)) / 512;
+        const auto [a, b] = rope_pair(x.c, i);
+        R[(size_t)(a * D + a)] = cb, R[(size_t)(a * D + b)] = -sb, R[(size_t)(b * D + a)] = sb, R[(size_t)(b * D + b)] = cb;
+      }
+      for (int hk = 0; hk < x.c.n_head_kv; hk++) {
+        std::vector<double> acc((size_t)m, 0.0);
+        for (int g = 0; g < G; g++) {
+          const int hq = hk * G + g;
+          std::vector<double> mu((size_t)D, 0.0), cov((size_t)D * D, 0.0);
+          auto q = [&](int64_t p, int a) { return (double)x.qpre[(size_t)l][(size_t)((p * H + hq) * D + a)]; };
+          for (int64_t p = c0 + 4; p < c0 + n; p++)
+            for (int a = 0; a < D; a++) mu[(size_t)a] += q(p, a) / m;
+          for (int64_t p = c0 + 4; p < c0 + n; p++)
+            for (int a = 0; a < D; a++)
+              for (int b = 0; b < D; b++) cov[(size_t)(a * D + b)] += (q(p, a) - mu[(size_t)a]) * (q(p, b) - mu[(size_t)b]) / m;
+          std::vector<double> mr((size_t)D, 0.0), cr((size_t)D * D, 0.0);
+          for (int a = 0; a < D; a++)
+            for (int b = 0; b < D; b++) mr[(size_t)a] += R[(size_t)(a * D + b)] * mu[(size_t)b];
+          for (int a = 0; a < D; a++)
+            for (int b = 0; b < D; b++)
+              for (int e = 0; e < D; e++)
+                for (int f = 0; f < D; f++) cr[(size_t)(a * D + b)] += R[(size_t)(a * D + e)] * cov[(size_t)(e * D + f)] * R[(size_t)(b * D + f)];
+          std::vector<double> logit((size_t)m);
+          double mx = -INFINITY, sum = 0;
+          for (int64_t i = 0; i < m; i++) {
+            const float* k = x.key(l, hk, c0 + 4 + i);
+            double lin = 0, quad = 0;
+            for (int a = 0; a < D; a++) {
+              lin += k[a] * mr[(size_t)a];
+              for (int b = 0; b < D; b++) quad += k[a] * cr[(size_t)(a * D + b)] * k[b];
+            }
+            mx = std::max(mx, logit[(size_t)i] = lin / std::sqrt((double)D) + quad / (2.0 * D));
+          }
+          for (double& a : logit) sum += (a = std::exp(a - mx));
+          for (int64_t i = 0; i < m; i++) acc[(size_t)i] += logit[(size_t)i] / sum / G;
+        }
+        for (int64_t i = 0; i < m; i++) {
+          const float* v = x.value(l, hk, c0 + 4 + i);
+          s[(size_t)l][(size_t)hk][(size_t)(c0 + 4 + i)] = (acc[(size_t)i] + eps) * std::sqrt(dot(v, v, D));
+        }
+      }
+    }
+  return s;
+}
+
+TEST(BaselineBudgets, ChunkExpectedAttentionUsesEachChunksOwnQueryStatistics) {
+  const ModelConfig c = small_config();
+  for (const int64_t T : {(int64_t)100, (int64_t)83}) {  // chunks of 40, 40, 20 / 40, 40, 3 (all sinks: kept whole)
+    SCOPED_TRACE(T);
+    const Context x = make_context(c, T, 39, /*rope=*/true, 0.5f);
+    const Scores want = naive_chunk_expected_attention(x, 40, 1e-2);
+    for (int64_t step : {T, (int64_t)7, (int64_t)1}) {
+      auto s = make_chunk_expected_attention_scorer(c, 40, 1e-2);
+      expect_scores_near(run_scorer(*s, x, step), want, 1e-4, "chunk_expected_attention");
+    }
+    const double ratio = 0.5;
+    const auto kept = run_ratio(make_chunk_expected_attention_scorer(c, 40, 1e-2), x, ratio, "global", 9);
+    for (int l = 0; l < c.n_layer; l++)
+      for (int h = 0; h < c.n_head_kv; h++) {
+        std::vector<int32_t> w;
+        for (int64_t c0 = 0; c0 < T; c0 += 40) {
+          const int64_t n = std::min<int64_t>(40, T - c0);
+          if (n <= 4) {  // kept whole
+            for (int64_t i = c0; i < T; i++) w.push_back((int32_t)i);
+            continue;
+          }
+          const std::vector<double> part(want[(size_t)l][(size_t)h].begin() + c0, want[(size_t)l][(size_t)h].begin() + c0 + n);
+          for (int32_t i : top_slots(part, std::max<int64_t>(1, (int64_t)((double)n * (1.0 - ratio))))) w.push_back((int32_t)c0 + i);
+        }
+        EXPECT_EQ(kept[(size_t)l][(size_t)h], w) << "layer " << l << " head " << h;
+      }
+  }
+  // One chunk over the context is ExpectedAttention, but for the future positions: n .. n + 511 both.
+  const Context x = make_context(c, 60, 41, /*rope=*/true, 0.5f);
+  auto one = make_chunk_expected_attention_scorer(c, 60, 1e-2);
+  auto ea = make_expected_attention_scorer(c, 1e-2);
+  expect_scores_near(run_scorer(*one, x, 60), [&] {
+    const CacheScores e = run_scorer(*ea, x, 60);
+    Scores d(e.size());
+    for (size_t l = 0; l < e.size(); l++)
+      for (const auto& h : e[l]) d[l].emplace_back(h.begin(), h.end());
+    return d;
+  }(), 1e-5, "one chunk");
+  EXPECT_THROW(make_chunk_expected_attention_scorer(c, 4, 1e-2), Error);
+}
+
 TEST(BaselineBudgets, ProtectedEntriesSurviveEvenAGlobalBudget) {
   const ModelConfig c = small_config();
   const Context x = make_context(c, 120, 15);
@@ -1465,7 +1570,7 @@ TEST_F(BaselinesWithModel, RegistryHoldsEveryBaselineButNotNoPress) {
                         "non_causal_attn", "cap", "block_keydiff", "critical_snapkv", "leverage_score", "critical_expected_attention",
                         "critical_adakv_expected_attention", "critical_adakv_snapkv",
                         "entropy_gated_chunkkv", "chunk_snapkv", "chunk_keydiff", "chunk_tova",
-                        "chunk_knorm"})
+                        "chunk_knorm", "chunk_expected_attention"})
     EXPECT_TRUE(names.count(n)) << n;
   EXPECT_FALSE(names.count("no_press"));
   PressSpec o;
@@ -1531,7 +1636,7 @@ TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
                            "compactor", "adakv_keydiff", "non_causal_attn", "cap", "block_keydiff", "critical_snapkv",
                            "leverage_score", "critical_expected_attention", "critical_adakv_expected_attention",
                            "critical_adakv_snapkv", "entropy_gated_chunkkv", "chunk_snapkv",
-                           "chunk_keydiff", "chunk_tova", "chunk_knorm"}) {
+                           "chunk_keydiff", "chunk_tova", "chunk_knorm", "chunk_expected_attention"}) {
     if (!test::press_selected(name)) continue;
     SCOPED_TRACE(name);
     PressSpec o;
@@ -1561,7 +1666,7 @@ TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
         // CriticalKV's first stage (int(150 / 2) = 75 entries) takes SnapKV's window whole.
         if (n == "snapkv" || n == "adakv_snapkv" || n == "critical_snapkv" || n == "chunk_snapkv")  // one chunk of 300
           EXPECT_EQ(s.cache().position_at(l, h, len - 64), T - 64);
-        if (n == "expected_attention_uniform" || n == "cur" || n == "compactor" || n == "cap" ||
+        if (n == "expected_attention_uniform" || n == "cur" || n == "compactor" || n == "cap" || n == "chunk_expected_attention" ||
             n == "critical_expected_attention" || n == "critical_adakv_expected_attention")
           EXPECT_EQ(s.cache().position_at(l, h, 3), 3);
       }
