@@ -50,6 +50,8 @@ VERBOSE = "-v" in ARGS
 ONLY = [ARGS[i + 1] for i, a in enumerate(ARGS) if a == "--press" and i + 1 < len(ARGS)]
 JSON_OUT = next((ARGS[i + 1] for i, a in enumerate(ARGS) if a == "--json" and i + 1 < len(ARGS)), None)
 RATIO = 0.5
+EOG_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|end|>",
+             "<end_of_turn>", "<|return|>")
 N_ANSWER = 6
 
 
@@ -106,6 +108,12 @@ def presses():
     add("critical_adakv_snapkv", "adakv", lambda r: K.CriticalAdaKVPress(sn(compression_ratio=r)))
     add("entropy_gated_chunkkv", "head", lambda r: K.EntropyGatedChunkKVPress(press=sn(compression_ratio=r)))
     add("block_keydiff", "head", lambda r: K.BlockPress(press=K.KeyDiffPress(compression_ratio=r), block_size=128))
+    add("chunk_snapkv", "head", lambda r: K.ChunkPress(press=sn(compression_ratio=r), chunk_length=1024))
+    add("chunk_keydiff", "head", lambda r: K.ChunkPress(press=K.KeyDiffPress(compression_ratio=r), chunk_length=1024))
+    add("chunk_tova", "head", lambda r: K.ChunkPress(press=K.TOVAPress(compression_ratio=r), chunk_length=1024))
+    add("chunk_knorm", "head", lambda r: K.ChunkPress(press=K.KnormPress(compression_ratio=r), chunk_length=1024))
+    add("chunk_expected_attention", "head",
+        lambda r: K.ChunkPress(press=(lambda p: (setattr(p, "compression_ratio", r), p)[1])(ea()), chunk_length=1024))
     add("cap", "head", lambda r: K.CapPress(compression_ratio=r))
     add("adakv_cap", "adakv", lambda r: K.AdaKVPress(K.CapPress(compression_ratio=r)))
     add("compactor", "head", lambda r: K.CompactorPress(compression_ratio=r), expect="report",
@@ -185,6 +193,22 @@ def presses():
         variant="alpha_safeguard=0", params={"alpha_safeguard": 0})
     add("critical_snapkv", "head", lambda r: K.CriticalKVPress(sn(compression_ratio=r), first_stage_ratio=0.0),
         variant="first_stage_ratio=0", params={"first_stage_ratio": 0})
+    # Every context in 3 to 5 chunks (the last one longer than the window: kvpress asserts otherwise).
+    add("chunk_snapkv", "head", lambda r: K.ChunkPress(press=sn(compression_ratio=r), chunk_length=256),
+        variant="chunk_length=256", params={"chunk_length": 256})
+    add("chunk_snapkv", "head",
+        lambda r: K.ChunkPress(press=sn(compression_ratio=r, window_size=32, kernel_size=3), chunk_length=200),
+        variant="chunk_length=200 window_size=32 kernel_size=3",
+        params={"chunk_length": 200, "window_size": 32, "kernel_size": 3})
+    add("chunk_keydiff", "head", lambda r: K.ChunkPress(press=K.KeyDiffPress(compression_ratio=r), chunk_length=100),
+        variant="chunk_length=100", params={"chunk_length": 100})
+    add("chunk_tova", "head", lambda r: K.ChunkPress(press=K.TOVAPress(compression_ratio=r), chunk_length=100),
+        variant="chunk_length=100", params={"chunk_length": 100})
+    add("chunk_knorm", "head", lambda r: K.ChunkPress(press=K.KnormPress(compression_ratio=r), chunk_length=100),
+        variant="chunk_length=100", params={"chunk_length": 100})
+    add("chunk_expected_attention", "head",
+        lambda r: K.ChunkPress(press=K.ExpectedAttentionPress(compression_ratio=r, epsilon=0.0), chunk_length=100),
+        variant="chunk_length=100 epsilon=0", params={"chunk_length": 100, "epsilon": 0})
     # Negative control: a different press must be told apart (the comparison can fail).
     add("knorm", "head", lambda r: K.KeyDiffPress(compression_ratio=r), expect="differ",
         why="negative control", variant="against kvpress KeyDiffPress")
@@ -221,7 +245,6 @@ CHATML = ("{% for m in messages %}{% if loop.first and m['role'] != 'system' %}<
 LLAMA_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['content'] }}<|eot_id|>{% endfor %}"
                   "{% if add_generation_prompt %}<|end_header_id|>{% endif %}")
 QUESTION = "First number?"
-END_OF_TURN = set()  # the model's end-of-turn token ids, set per model (kvpress_run stops at them)
 
 
 def write_model(d, kind, seed):
@@ -308,21 +331,26 @@ def record_scores(press):
     from kvpress import BlockPress
     if isinstance(press, BlockPress):  # scores subsets block by block: no per-position scores to keep
         return {}
+    from kvpress import ChunkPress
     inner = press if isinstance(press, ScorerPress) else getattr(press, "press", None)
     recorded = {}
     if not isinstance(inner, ScorerPress):
         return recorded
     original = inner.score
+    chunked = isinstance(press, ChunkPress)  # scores chunk by chunk, in order: concatenated per layer
 
     def score(module, *a, **k):
+        import torch
         s = original(module, *a, **k)
-        recorded[int(module.layer_idx)] = s[0].detach().clone()
+        layer = int(module.layer_idx)
+        row = s[0].detach().clone()
+        recorded[layer] = torch.cat([recorded[layer], row], dim=-1) if chunked and layer in recorded else row
         return s
     inner.score = score
     return recorded
 
 
-def kvpress_run(model, press, ids, q_ids, ref_keys, n_answer):
+def kvpress_run(model, press, ids, q_ids, ref_keys, n_answer, eog=()):
     """Kept positions [layer][head] (sorted lists), the greedy answer under `press`, and the scores its
     ScorerPress gave ({layer: [H, T]}, empty for other presses)."""
     import torch
@@ -372,7 +400,7 @@ def kvpress_run(model, press, ids, q_ids, ref_keys, n_answer):
         answer = [int(out.logits[0, -1].argmax())]
         T += len(q_ids)
         eos = model.generation_config.eos_token_id
-        eos = set(eos if isinstance(eos, list) else [eos]) | END_OF_TURN
+        eos = set(eos if isinstance(eos, list) else [eos]) | set(eog)
         for i in range(n_answer - 1):
             if answer[-1] in eos:
                 break
@@ -386,15 +414,18 @@ def kvpress_run(model, press, ids, q_ids, ref_keys, n_answer):
     return kept, answer, scores
 
 
-def explained_by_ties(k_kept, p_kept, score_row, rel=1e-5):
+def explained_by_ties(k_kept, p_kept, score_row, rel=1e-5, chunk=None):
     """Whether the positions one side keeps and the other does not all score the same in kvpress (within
     float noise): a tie whose order neither side defines (torch.topk's order among equal values is its
-    selection algorithm's, not the index order)."""
+    selection algorithm's, not the index order). chunk: ChunkPress's chunk_length, whose chunks each take
+    their own budget, so each chunk's differing positions must tie among themselves."""
     if score_row is None:
         return False
     diff = sorted(set(k_kept) ^ set(p_kept))
-    v = [float(score_row[p]) for p in diff]
-    return max(v) - min(v) <= rel * max(1e-30, max(abs(x) for x in v))
+    groups = {}
+    for p in diff:
+        groups.setdefault(p // chunk if chunk else 0, []).append(float(score_row[p]))
+    return all(max(v) - min(v) <= rel * max(1e-30, max(abs(x) for x in v)) for v in groups.values())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,16 +504,15 @@ def main():
             d = os.path.join(tmp, kind)
             write_model(d, kind, seed)
             tok = PreTrainedTokenizerFast.from_pretrained(d)
-            # kvzap's generation also ends at an end-of-turn token (Tokenizer::is_eog, its list): so does kvpress's here.
-            END_OF_TURN.clear()
-            END_OF_TURN.update(i for t, i in tok.get_vocab().items()
-                               if t in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>",
-                                        "<|end|>", "<end_of_turn>", "<|return|>"))
             models = {a: AutoModelForCausalLM.from_pretrained(d, attn_implementation=a, dtype=torch.float32).eval()
                       for a in ("sdpa", "eager")}
             inputs = [pipeline_ids(tok, t, QUESTION) for t in texts]
             ctx_ids = [i for i, _ in inputs]
             refs = {a: [full_keys(models[a], ids) for ids in ctx_ids] for a in models}
+            # kvzap also ends an answer at the chat's end-of-turn tokens (src/tokenizer/tokenizer.cpp
+            # kEndOfGenerationTexts: SmolLM2's <|im_end|>), which generation_config's eos may leave out.
+            vocab = tok.get_vocab()
+            eog = {vocab[t] for t in EOG_TEXTS if t in vocab}
             for P in presses():
                 if ONLY and P["name"] not in ONLY:
                     continue
@@ -495,8 +525,10 @@ def main():
                         if k_ids is not None and k_ids != ids:
                             raise RuntimeError("context %d: kvzap's token ids differ from the tokenizer's" % c)
                         torch.manual_seed(0)
-                        p_kept, p_answer, p_scores = kvpress_run(models[P["attn"]], P["make"](RATIO), ids,
-                                                                 inputs[c][1], refs[P["attn"]][c], N_ANSWER)
+                        press = P["make"](RATIO)
+                        chunk = press.chunk_length if isinstance(press, kvpress.ChunkPress) else None
+                        p_kept, p_answer, p_scores = kvpress_run(models[P["attn"]], press, ids,
+                                                                 inputs[c][1], refs[P["attn"]][c], N_ANSWER, eog)
                         for l in range(len(p_kept)):
                             for h in range(len(p_kept[l])):
                                 j = jaccard(k_kept[l][h], p_kept[l][h])
@@ -504,7 +536,7 @@ def main():
                                 min_j = min(min_j, j)
                                 if j < 1:
                                     row_scores = p_scores[l][h] if l in p_scores else None
-                                    if explained_by_ties(k_kept[l][h], p_kept[l][h], row_scores):
+                                    if explained_by_ties(k_kept[l][h], p_kept[l][h], row_scores, chunk=chunk):
                                         tie_heads += 1
                                         tie_contexts.add(c)
                                 if VERBOSE and j < 1:

@@ -1203,6 +1203,329 @@ TEST(BaselineBudgets, EntropyGatedChunkKvKeepsSpikyChunksOnlyInPartAndTopsUpTheB
   EXPECT_GT(n_topped_up, 0);
 }
 
+}  // namespace
+namespace kvzap {
+// press/scorer_chunk_snapkv.cpp
+std::unique_ptr<Scorer> make_chunk_snapkv_scorer(const ModelConfig& c, int64_t chunk_length, int window, int kernel);
+}  // namespace kvzap
+namespace {
+
+// kvpress ChunkPress(SnapKVPress) written out: SnapKV on each chunk's own keys, voted by the chunk's last W
+// queries rotated (as kvpress takes the last W rotary angles of the whole input) for positions T - W .. T - 1.
+Scores naive_chunk_snapkv(const Context& x, int64_t C, int W, int K, bool own_angles = false) {
+  const int G = x.c.n_group(), D = x.D();
+  Scores s((size_t)x.c.n_layer, std::vector<std::vector<double>>((size_t)x.c.n_head_kv, std::vector<double>((size_t)x.T, INFINITY)));
+  for (int l = 0; l < x.c.n_layer; l++)
+    for (int hk = 0; hk < x.c.n_head_kv; hk++)
+      for (int64_t c0 = 0; c0 < x.T; c0 += C) {
+        const int64_t n = std::min(C, x.T - c0), m = n - W;
+        if (m <= 0) continue;  // a short last chunk: kept whole
+        std::vector<double> acc((size_t)m, 0.0);
+        for (int g = 0; g < G; g++)
+          for (int64_t j = 0; j < W; j++) {
+            const int64_t p = c0 + m + j;  // the query's own position
+            std::vector<float> q(&x.qpre[(size_t)l][(size_t)((p * x.c.n_head + hk * G + g) * D)],
+                                 &x.qpre[(size_t)l][(size_t)((p * x.c.n_head + hk * G + g) * D)] + D);
+            rotate(x.c, q.data(), own_angles ? p : x.T - W + j);
+            std::vector<double> logit((size_t)(m + j + 1));
+            double mx = -INFINITY, sum = 0;
+            for (int64_t i = 0; i <= m + j; i++)
+              mx = std::max(mx, logit[(size_t)i] = dot(q.data(), x.key(l, hk, c0 + i), D) / std::sqrt((double)D));
+            for (double& a : logit) sum += (a = std::exp(a - mx));
+            for (int64_t i = 0; i < m; i++) acc[(size_t)i] += logit[(size_t)i] / sum / W / G;
+          }
+        const std::vector<double> pooled = naive_pool(acc, K);
+        std::copy(pooled.begin(), pooled.end(), s[(size_t)l][(size_t)hk].begin() + c0);
+      }
+  return s;
+}
+
+TEST(BaselineBudgets, ChunkSnapKvRunsSnapKvOnEachChunkAndKeepsEachChunksShare) {
+  const ModelConfig c = small_config();
+  for (const int64_t T : {(int64_t)150, (int64_t)130}) {  // last chunk of 30 (scored), of 10 (<= the window: kept whole)
+    SCOPED_TRACE(T);
+    const Context x = make_context(c, T, 31, /*rope=*/true);
+    const Scores want = naive_chunk_snapkv(x, 40, 16, 3);
+    for (int64_t step : {T, (int64_t)7, (int64_t)1}) {
+      auto s = make_chunk_snapkv_scorer(c, 40, 16, 3);
+      expect_scores_near(run_scorer(*s, x, step), want, 1e-4, "chunk_snapkv");
+    }
+    // The queries' own angles would score differently: the re-rotation matters.
+    const Scores own = naive_chunk_snapkv(x, 40, 16, 3, /*own_angles=*/true);
+    EXPECT_GT(std::fabs(own[0][0][5] - want[0][0][5]), 1e-3 * std::fabs(want[0][0][5]));
+    if (T == 150) EXPECT_EQ(own[0][0][125], want[0][0][125]);  // the last chunk's queries sit at those positions
+    const double ratio = 0.4;
+    const auto kept = run_ratio(make_chunk_snapkv_scorer(c, 40, 16, 3), x, ratio, "global", 9);
+    for (int l = 0; l < c.n_layer; l++)
+      for (int h = 0; h < c.n_head_kv; h++) {
+        std::vector<int32_t> w;
+        for (int64_t c0 = 0; c0 < T; c0 += 40) {
+          const int64_t n = std::min<int64_t>(40, T - c0);
+          if (n <= 16) {  // kept whole
+            for (int64_t i = c0; i < T; i++) w.push_back((int32_t)i);
+            continue;
+          }
+          const std::vector<double> part(want[(size_t)l][(size_t)h].begin() + c0, want[(size_t)l][(size_t)h].begin() + c0 + n);
+          for (int32_t i : top_slots(part, std::max<int64_t>(1, (int64_t)((double)n * (1.0 - ratio))))) w.push_back((int32_t)c0 + i);
+        }
+        EXPECT_EQ(kept[(size_t)l][(size_t)h], w) << "layer " << l << " head " << h;
+      }
+  }
+  // A chunk no longer than the window cannot vote.
+  EXPECT_THROW(make_chunk_snapkv_scorer(c, 16, 16, 3), Error);
+  EXPECT_THROW(make_chunk_snapkv_scorer(c, 40, 16, 4), Error);
+}
+
+}  // namespace
+namespace kvzap {
+std::unique_ptr<Scorer> make_chunk_keydiff_scorer(int64_t chunk_length);  // press/scorer_chunk_keydiff.cpp
+}  // namespace kvzap
+namespace {
+
+TEST(BaselineBudgets, ChunkKeyDiffScoresEachChunkAgainstItsOwnAnchorAndKeepsEachChunksShare) {
+  const ModelConfig c = small_config();
+  const int64_t T = 110, C = 40;  // chunks of 40, 40 and 30
+  const Context x = make_context(c, T, 33, /*rope=*/true);
+  const int D = c.head_dim;
+  Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)c.n_head_kv));
+  for (int l = 0; l < c.n_layer; l++)
+    for (int h = 0; h < c.n_head_kv; h++)
+      for (int64_t c0 = 0; c0 < T; c0 += C) {
+        const int64_t n = std::min(C, T - c0);
+        std::vector<double> anchor((size_t)D, 0.0);
+        for (int64_t i = c0; i < c0 + n; i++) {
+          const double nk = std::sqrt(dot(x.key(l, h, i), x.key(l, h, i), D));
+          for (int d = 0; d < D; d++) anchor[(size_t)d] += x.key(l, h, i)[d] / nk / (double)n;
+        }
+        double an = 0;
+        for (double a : anchor) an += a * a;
+        for (int64_t i = c0; i < c0 + n; i++) {
+          double kd = 0;
+          for (int d = 0; d < D; d++) kd += x.key(l, h, i)[d] * anchor[(size_t)d];
+          want[(size_t)l][(size_t)h].push_back(-kd / std::sqrt(dot(x.key(l, h, i), x.key(l, h, i), D) * an));
+        }
+      }
+  auto s = make_chunk_keydiff_scorer(C);
+  expect_scores_near(run_scorer(*s, x, 13), want, 1e-5, "chunk_keydiff");
+  // One chunk covering the context is KeyDiff itself.
+  auto whole = make_chunk_keydiff_scorer(1000);
+  auto kd = make_keydiff_scorer();
+  EXPECT_EQ(run_scorer(*whole, x, T), run_scorer(*kd, x, T));
+  for (double ratio : {0.3, 0.5, 0.9}) {
+    const auto kept = run_ratio(make_chunk_keydiff_scorer(C), x, ratio, "global");  // the scope does not apply
+    for (int l = 0; l < c.n_layer; l++)
+      for (int h = 0; h < c.n_head_kv; h++) {
+        std::vector<int32_t> w;
+        for (int64_t c0 = 0; c0 < T; c0 += C) {
+          const int64_t n = std::min(C, T - c0);
+          const std::vector<double> part(want[(size_t)l][(size_t)h].begin() + c0, want[(size_t)l][(size_t)h].begin() + c0 + n);
+          for (int32_t i : top_slots(part, std::max<int64_t>(1, (int64_t)((double)n * (1.0 - ratio))))) w.push_back((int32_t)c0 + i);
+        }
+        EXPECT_EQ(kept[(size_t)l][(size_t)h], w) << "ratio " << ratio << " layer " << l << " head " << h;
+      }
+  }
+  EXPECT_THROW(make_chunk_keydiff_scorer(0), Error);
+}
+
+}  // namespace
+namespace kvzap {
+std::unique_ptr<Scorer> make_chunk_tova_scorer(const ModelConfig& c, int64_t chunk_length);  // press/scorer_chunk_tova.cpp
+}  // namespace kvzap
+namespace {
+
+// kvpress ChunkPress(TOVAPress) written out: per chunk, the chunk's last query (rotated, as kvpress takes the
+// last rotary angle of the whole input, for position T - 1) over the chunk's keys, averaged over all heads.
+Scores naive_chunk_tova(const Context& x, int64_t C, bool own_angle = false) {
+  const int H = x.c.n_head, G = x.c.n_group(), D = x.D();
+  Scores s((size_t)x.c.n_layer, std::vector<std::vector<double>>((size_t)x.c.n_head_kv, std::vector<double>((size_t)x.T, INFINITY)));
+  for (int l = 0; l < x.c.n_layer; l++)
+    for (int64_t c0 = 0; c0 < x.T; c0 += C) {
+      const int64_t n = std::min(C, x.T - c0), p = c0 + n - 1;
+      if (n < 2) continue;
+      std::vector<double> acc((size_t)n, 0.0);
+      for (int hq = 0; hq < H; hq++) {
+        std::vector<float> q(&x.qpre[(size_t)l][(size_t)((p * H + hq) * D)], &x.qpre[(size_t)l][(size_t)((p * H + hq) * D)] + D);
+        rotate(x.c, q.data(), own_angle ? p : x.T - 1);
+        std::vector<double> logit((size_t)n);
+        double mx = -INFINITY, sum = 0;
+        for (int64_t i = 0; i < n; i++) mx = std::max(mx, logit[(size_t)i] = dot(q.data(), x.key(l, hq / G, c0 + i), D) / std::sqrt((double)D));
+        for (double& a : logit) sum += (a = std::exp(a - mx));
+        for (int64_t i = 0; i < n; i++) acc[(size_t)i] += logit[(size_t)i] / sum / H;
+      }
+      for (int hk = 0; hk < x.c.n_head_kv; hk++)
+        for (int64_t i = 0; i < n - 1; i++) s[(size_t)l][(size_t)hk][(size_t)(c0 + i)] = acc[(size_t)i];
+    }
+  return s;
+}
+
+TEST(BaselineBudgets, ChunkTovaRunsTovaOnEachChunkAndKeepsEachChunksShare) {
+  const ModelConfig c = small_config();
+  for (const int64_t T : {(int64_t)110, (int64_t)81}) {  // chunks of 40, 40, 30 / 40, 40, 1 (a lone entry: kept)
+    SCOPED_TRACE(T);
+    const Context x = make_context(c, T, 35, /*rope=*/true);
+    const Scores want = naive_chunk_tova(x, 40);
+    for (int64_t step : {T, (int64_t)6, (int64_t)1}) {
+      auto s = make_chunk_tova_scorer(c, 40);
+      expect_scores_near(run_scorer(*s, x, step), want, 1e-4, "chunk_tova");
+    }
+    const Scores own = naive_chunk_tova(x, 40, /*own_angle=*/true);
+    EXPECT_GT(std::fabs(own[0][0][5] - want[0][0][5]), 1e-3 * std::fabs(want[0][0][5]));  // the re-rotation matters
+    const double ratio = 0.6;
+    const auto kept = run_ratio(make_chunk_tova_scorer(c, 40), x, ratio, "global", 9);
+    for (int l = 0; l < c.n_layer; l++)
+      for (int h = 0; h < c.n_head_kv; h++) {
+        std::vector<int32_t> w;
+        for (int64_t c0 = 0; c0 < T; c0 += 40) {
+          const int64_t n = std::min<int64_t>(40, T - c0);
+          const std::vector<double> part(want[(size_t)l][(size_t)h].begin() + c0, want[(size_t)l][(size_t)h].begin() + c0 + n);
+          for (int32_t i : top_slots(part, std::max<int64_t>(1, (int64_t)((double)n * (1.0 - ratio))))) w.push_back((int32_t)c0 + i);
+        }
+        EXPECT_EQ(kept[(size_t)l][(size_t)h], w) << "layer " << l << " head " << h;
+      }
+  }
+  EXPECT_THROW(make_chunk_tova_scorer(c, 1), Error);
+}
+
+}  // namespace
+namespace kvzap {
+std::unique_ptr<Scorer> make_chunk_knorm_scorer(int64_t chunk_length);  // press/scorer_chunk_knorm.cpp
+}  // namespace kvzap
+namespace {
+
+TEST(BaselineBudgets, ChunkKnormKeepsTheLowestNormKeysOfEachChunk) {
+  const ModelConfig c = small_config();
+  const int64_t T = 95, C = 30;  // chunks of 30, 30, 30 and 5
+  const Context x = make_context(c, T, 37, /*rope=*/true);
+  Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)c.n_head_kv));
+  for (int l = 0; l < c.n_layer; l++)
+    for (int h = 0; h < c.n_head_kv; h++)
+      for (int64_t i = 0; i < T; i++) want[(size_t)l][(size_t)h].push_back(-std::sqrt(dot(x.key(l, h, i), x.key(l, h, i), x.D())));
+  auto s = make_chunk_knorm_scorer(C);
+  expect_scores_near(run_scorer(*s, x, 11), want, 1e-6, "chunk_knorm");
+  for (double ratio : {0.25, 0.5, 0.9}) {
+    const auto kept = run_ratio(make_chunk_knorm_scorer(C), x, ratio, "layer");  // the scope does not apply
+    bool uneven = false;  // the per-chunk budget is not the head's lowest norms overall
+    for (int l = 0; l < c.n_layer; l++)
+      for (int h = 0; h < c.n_head_kv; h++) {
+        std::vector<int32_t> w;
+        for (int64_t c0 = 0; c0 < T; c0 += C) {
+          const int64_t n = std::min(C, T - c0);
+          const std::vector<double> part(want[(size_t)l][(size_t)h].begin() + c0, want[(size_t)l][(size_t)h].begin() + c0 + n);
+          for (int32_t i : top_slots(part, std::max<int64_t>(1, (int64_t)((double)n * (1.0 - ratio))))) w.push_back((int32_t)c0 + i);
+        }
+        EXPECT_EQ(kept[(size_t)l][(size_t)h], w) << "ratio " << ratio << " layer " << l << " head " << h;
+        uneven |= top_slots(want[(size_t)l][(size_t)h], (int64_t)w.size()) != w;
+      }
+    EXPECT_TRUE(uneven) << ratio;
+  }
+  EXPECT_THROW(make_chunk_knorm_scorer(0), Error);
+}
+
+}  // namespace
+namespace kvzap {
+// press/scorer_chunk_expected_attention.cpp
+std::unique_ptr<Scorer> make_chunk_expected_attention_scorer(const ModelConfig& c, int64_t chunk_length, double epsilon);
+}  // namespace kvzap
+namespace {
+
+// kvpress ChunkPress(ExpectedAttentionPress) written out: per chunk of n entries, the query statistics of the
+// chunk's pre-RoPE queries past its first 4, rotated by the rotation averaged over positions n .. n + 511.
+Scores naive_chunk_expected_attention(const Context& x, int64_t C, double eps) {
+  const int H = x.c.n_head, G = x.c.n_group(), D = x.D(), half = D / 2;
+  Scores s((size_t)x.c.n_layer, std::vector<std::vector<double>>((size_t)x.c.n_head_kv, std::vector<double>((size_t)x.T, INFINITY)));
+  for (int l = 0; l < x.c.n_layer; l++)
+    for (int64_t c0 = 0; c0 < x.T; c0 += C) {
+      const int64_t n = std::min(C, x.T - c0), m = n - 4;
+      if (m <= 0) continue;
+      std::vector<double> R((size_t)D * D, 0.0);
+      for (int i = 0; i < half; i++) {
+        double cb = 0, sb = 0;
+        for (int64_t p = n; p < n + 512; p++) cb += std::cos(rope_angle(x.c, p, i)) / 512, sb += std::sin(rope_angle(x.c, p, i)) / 512;
+        const auto [a, b] = rope_pair(x.c, i);
+        R[(size_t)(a * D + a)] = cb, R[(size_t)(a * D + b)] = -sb, R[(size_t)(b * D + a)] = sb, R[(size_t)(b * D + b)] = cb;
+      }
+      for (int hk = 0; hk < x.c.n_head_kv; hk++) {
+        std::vector<double> acc((size_t)m, 0.0);
+        for (int g = 0; g < G; g++) {
+          const int hq = hk * G + g;
+          std::vector<double> mu((size_t)D, 0.0), cov((size_t)D * D, 0.0);
+          auto q = [&](int64_t p, int a) { return (double)x.qpre[(size_t)l][(size_t)((p * H + hq) * D + a)]; };
+          for (int64_t p = c0 + 4; p < c0 + n; p++)
+            for (int a = 0; a < D; a++) mu[(size_t)a] += q(p, a) / m;
+          for (int64_t p = c0 + 4; p < c0 + n; p++)
+            for (int a = 0; a < D; a++)
+              for (int b = 0; b < D; b++) cov[(size_t)(a * D + b)] += (q(p, a) - mu[(size_t)a]) * (q(p, b) - mu[(size_t)b]) / m;
+          std::vector<double> mr((size_t)D, 0.0), cr((size_t)D * D, 0.0);
+          for (int a = 0; a < D; a++)
+            for (int b = 0; b < D; b++) mr[(size_t)a] += R[(size_t)(a * D + b)] * mu[(size_t)b];
+          for (int a = 0; a < D; a++)
+            for (int b = 0; b < D; b++)
+              for (int e = 0; e < D; e++)
+                for (int f = 0; f < D; f++) cr[(size_t)(a * D + b)] += R[(size_t)(a * D + e)] * cov[(size_t)(e * D + f)] * R[(size_t)(b * D + f)];
+          std::vector<double> logit((size_t)m);
+          double mx = -INFINITY, sum = 0;
+          for (int64_t i = 0; i < m; i++) {
+            const float* k = x.key(l, hk, c0 + 4 + i);
+            double lin = 0, quad = 0;
+            for (int a = 0; a < D; a++) {
+              lin += k[a] * mr[(size_t)a];
+              for (int b = 0; b < D; b++) quad += k[a] * cr[(size_t)(a * D + b)] * k[b];
+            }
+            mx = std::max(mx, logit[(size_t)i] = lin / std::sqrt((double)D) + quad / (2.0 * D));
+          }
+          for (double& a : logit) sum += (a = std::exp(a - mx));
+          for (int64_t i = 0; i < m; i++) acc[(size_t)i] += logit[(size_t)i] / sum / G;
+        }
+        for (int64_t i = 0; i < m; i++) {
+          const float* v = x.value(l, hk, c0 + 4 + i);
+          s[(size_t)l][(size_t)hk][(size_t)(c0 + 4 + i)] = (acc[(size_t)i] + eps) * std::sqrt(dot(v, v, D));
+        }
+      }
+    }
+  return s;
+}
+
+TEST(BaselineBudgets, ChunkExpectedAttentionUsesEachChunksOwnQueryStatistics) {
+  const ModelConfig c = small_config();
+  for (const int64_t T : {(int64_t)100, (int64_t)83}) {  // chunks of 40, 40, 20 / 40, 40, 3 (all sinks: kept whole)
+    SCOPED_TRACE(T);
+    const Context x = make_context(c, T, 39, /*rope=*/true, 0.5f);
+    const Scores want = naive_chunk_expected_attention(x, 40, 1e-2);
+    for (int64_t step : {T, (int64_t)7, (int64_t)1}) {
+      auto s = make_chunk_expected_attention_scorer(c, 40, 1e-2);
+      expect_scores_near(run_scorer(*s, x, step), want, 1e-4, "chunk_expected_attention");
+    }
+    const double ratio = 0.5;
+    const auto kept = run_ratio(make_chunk_expected_attention_scorer(c, 40, 1e-2), x, ratio, "global", 9);
+    for (int l = 0; l < c.n_layer; l++)
+      for (int h = 0; h < c.n_head_kv; h++) {
+        std::vector<int32_t> w;
+        for (int64_t c0 = 0; c0 < T; c0 += 40) {
+          const int64_t n = std::min<int64_t>(40, T - c0);
+          if (n <= 4) {  // kept whole
+            for (int64_t i = c0; i < T; i++) w.push_back((int32_t)i);
+            continue;
+          }
+          const std::vector<double> part(want[(size_t)l][(size_t)h].begin() + c0, want[(size_t)l][(size_t)h].begin() + c0 + n);
+          for (int32_t i : top_slots(part, std::max<int64_t>(1, (int64_t)((double)n * (1.0 - ratio))))) w.push_back((int32_t)c0 + i);
+        }
+        EXPECT_EQ(kept[(size_t)l][(size_t)h], w) << "layer " << l << " head " << h;
+      }
+  }
+  // One chunk over the context is ExpectedAttention, but for the future positions: n .. n + 511 both.
+  const Context x = make_context(c, 60, 41, /*rope=*/true, 0.5f);
+  auto one = make_chunk_expected_attention_scorer(c, 60, 1e-2);
+  auto ea = make_expected_attention_scorer(c, 1e-2);
+  expect_scores_near(run_scorer(*one, x, 60), [&] {
+    const CacheScores e = run_scorer(*ea, x, 60);
+    Scores d(e.size());
+    for (size_t l = 0; l < e.size(); l++)
+      for (const auto& h : e[l]) d[l].emplace_back(h.begin(), h.end());
+    return d;
+  }(), 1e-5, "one chunk");
+  EXPECT_THROW(make_chunk_expected_attention_scorer(c, 4, 1e-2), Error);
+}
+
 TEST(BaselineBudgets, ProtectedEntriesSurviveEvenAGlobalBudget) {
   const ModelConfig c = small_config();
   const Context x = make_context(c, 120, 15);
@@ -1257,7 +1580,8 @@ TEST_F(BaselinesWithModel, RegistryHoldsEveryBaselineButNotNoPress) {
                         "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur", "compactor",
                         "non_causal_attn", "cap", "block_keydiff", "critical_snapkv", "leverage_score", "critical_expected_attention",
                         "critical_adakv_expected_attention", "critical_adakv_snapkv",
-                        "entropy_gated_chunkkv"})
+                        "entropy_gated_chunkkv", "chunk_snapkv", "chunk_keydiff", "chunk_tova",
+                        "chunk_knorm", "chunk_expected_attention"})
     EXPECT_TRUE(names.count(n)) << n;
   EXPECT_FALSE(names.count("no_press"));
   PressSpec o;
@@ -1405,7 +1729,8 @@ TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
                            "pyramidkv", "adakv_snapkv", "adakv_compactor", "keydiff", "lagkv", "chunkkv", "cur",
                            "compactor", "adakv_keydiff", "non_causal_attn", "cap", "block_keydiff", "critical_snapkv",
                            "leverage_score", "critical_expected_attention", "critical_adakv_expected_attention",
-                           "critical_adakv_snapkv", "entropy_gated_chunkkv"}) {
+                           "critical_adakv_snapkv", "entropy_gated_chunkkv", "chunk_snapkv",
+                           "chunk_keydiff", "chunk_tova", "chunk_knorm", "chunk_expected_attention"}) {
     if (!test::press_selected(name)) continue;
     SCOPED_TRACE(name);
     PressSpec o;
@@ -1430,12 +1755,12 @@ TEST_F(BaselinesWithModel, EveryPressEvictsItsBudgetAndTheModelStillGenerates) {
       for (int h = 0; h < c.n_head_kv; h++) {
         const int64_t len = s.cache().length(l, h);
         if (n == "snapkv" || n == "tova" || n == "pyramidkv" || n == "adakv_snapkv" || n == "critical_snapkv" ||
-            n == "critical_adakv_snapkv")
+            n == "critical_adakv_snapkv" || n == "chunk_snapkv" || n == "chunk_tova")
           EXPECT_EQ(s.cache().position_at(l, h, len - 1), T - 1);
         // CriticalKV's first stage (int(150 / 2) = 75 entries) takes SnapKV's window whole.
-        if (n == "snapkv" || n == "adakv_snapkv" || n == "critical_snapkv")
+        if (n == "snapkv" || n == "adakv_snapkv" || n == "critical_snapkv" || n == "chunk_snapkv")  // one chunk of 300
           EXPECT_EQ(s.cache().position_at(l, h, len - 64), T - 64);
-        if (n == "expected_attention_uniform" || n == "cur" || n == "compactor" || n == "cap" ||
+        if (n == "expected_attention_uniform" || n == "cur" || n == "compactor" || n == "cap" || n == "chunk_expected_attention" ||
             n == "critical_expected_attention" || n == "critical_adakv_expected_attention")
           EXPECT_EQ(s.cache().position_at(l, h, 3), 3);
       }
