@@ -1,5 +1,5 @@
 // Arithmetic shared by the kvpress baseline scorers (docs/ALGORITHMS.md §8): plain functions on arrays,
-// each checked against a naive computation in tests/unit/test_baseline_presses.cpp.
+// each checked against a naive computation in tests/unit/press/test_baseline_presses.cpp.
 #pragma once
 #include <cstdint>
 #include <utility>

@@ -75,7 +75,7 @@ class BlockKeyDiffScorer : public CacheContextScorer, public BudgetSplit {
 
 }  // namespace
 
-// For the unit test (tests/unit/test_baseline_presses.cpp), which has no Model.
+// For the unit test (tests/unit/press/test_baseline_presses.cpp), which has no Model.
 std::unique_ptr<Scorer> make_block_keydiff_scorer(int64_t block_size) { return std::make_unique<BlockKeyDiffScorer>(block_size); }
 
 namespace {

@@ -156,7 +156,7 @@ class CapScorer : public CacheContextScorer {
 
 }  // namespace
 
-// For the unit test (tests/unit/test_baseline_presses.cpp), which has no Model.
+// For the unit test (tests/unit/press/test_baseline_presses.cpp), which has no Model.
 std::unique_ptr<Scorer> make_cap_scorer(const ModelConfig& c, double tau, int64_t n_future_positions, int64_t n_sink,
                                         double epsilon) {
   return std::make_unique<CapScorer>(c, tau, n_future_positions, n_sink, epsilon);

@@ -260,7 +260,7 @@ class ChunkExpectedAttentionScorer : public CacheContextScorer, public BudgetSpl
 
 }  // namespace
 
-// For the unit test (tests/unit/test_baseline_presses.cpp), which has no Model.
+// For the unit test (tests/unit/press/test_baseline_presses.cpp), which has no Model.
 std::unique_ptr<Scorer> make_chunk_expected_attention_scorer(const ModelConfig& c, int64_t chunk_length, double epsilon) {
   return std::make_unique<ChunkExpectedAttentionScorer>(c, chunk_length, epsilon);
 }

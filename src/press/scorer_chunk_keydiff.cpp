@@ -73,7 +73,7 @@ class ChunkKeyDiffScorer : public CacheContextScorer, public BudgetSplit {
 
 }  // namespace
 
-// For the unit test (tests/unit/test_baseline_presses.cpp), which has no Model.
+// For the unit test (tests/unit/press/test_baseline_presses.cpp), which has no Model.
 std::unique_ptr<Scorer> make_chunk_keydiff_scorer(int64_t chunk_length) {
   return std::make_unique<ChunkKeyDiffScorer>(chunk_length);
 }

@@ -69,7 +69,7 @@ class ChunkKnormScorer : public CacheContextScorer, public BudgetSplit {
 
 }  // namespace
 
-// For the unit test (tests/unit/test_baseline_presses.cpp), which has no Model.
+// For the unit test (tests/unit/press/test_baseline_presses.cpp), which has no Model.
 std::unique_ptr<Scorer> make_chunk_knorm_scorer(int64_t chunk_length) { return std::make_unique<ChunkKnormScorer>(chunk_length); }
 
 namespace {

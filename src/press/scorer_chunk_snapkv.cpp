@@ -180,7 +180,7 @@ class ChunkSnapKvScorer : public CacheContextScorer, public BudgetSplit {
 
 }  // namespace
 
-// For the unit test (tests/unit/test_baseline_presses.cpp), which has no Model.
+// For the unit test (tests/unit/press/test_baseline_presses.cpp), which has no Model.
 std::unique_ptr<Scorer> make_chunk_snapkv_scorer(const ModelConfig& c, int64_t chunk_length, int window, int kernel) {
   return std::make_unique<ChunkSnapKvScorer>(c, chunk_length, window, kernel);
 }

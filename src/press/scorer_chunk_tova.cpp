@@ -162,7 +162,7 @@ class ChunkTovaScorer : public CacheContextScorer, public BudgetSplit {
 
 }  // namespace
 
-// For the unit test (tests/unit/test_baseline_presses.cpp), which has no Model.
+// For the unit test (tests/unit/press/test_baseline_presses.cpp), which has no Model.
 std::unique_ptr<Scorer> make_chunk_tova_scorer(const ModelConfig& c, int64_t chunk_length) {
   return std::make_unique<ChunkTovaScorer>(c, chunk_length);
 }

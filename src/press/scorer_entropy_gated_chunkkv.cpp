@@ -122,7 +122,7 @@ class EntropyGatedChunkKvScorer : public SnapKvScorer, public BudgetSplit {
 
 }  // namespace
 
-// For the unit test (tests/unit/test_baseline_presses.cpp), which has no Model.
+// For the unit test (tests/unit/press/test_baseline_presses.cpp), which has no Model.
 std::unique_ptr<Scorer> make_entropy_gated_chunkkv_scorer(const ModelConfig& c, int64_t chunk_length,
                                                           int64_t low_entropy_chunk_length) {
   return std::make_unique<EntropyGatedChunkKvScorer>(c, chunk_length, low_entropy_chunk_length);

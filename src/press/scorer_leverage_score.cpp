@@ -54,7 +54,7 @@ class LeverageScoreScorer : public CacheContextScorer {
 
 }  // namespace
 
-// For the unit test (tests/unit/test_baseline_presses.cpp), which has no Model.
+// For the unit test (tests/unit/press/test_baseline_presses.cpp), which has no Model.
 std::unique_ptr<Scorer> make_leverage_score_scorer(const ModelConfig& c, uint64_t seed, int sketch_dimension) {
   return std::make_unique<LeverageScoreScorer>(c, seed, sketch_dimension);
 }

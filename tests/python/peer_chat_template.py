@@ -3,7 +3,7 @@
 
 Renders a fixed set of conversations the way Hugging Face's apply_chat_template does (a sandboxed
 jinja2 environment with trim_blocks/lstrip_blocks, a json.dumps-based |tojson and raise_exception)
-and writes tests/golden/tokenize_chat_templates.json; tests/unit/test_chat_template.cpp compares
+and writes tests/golden/tokenize_chat_templates.json; tests/unit/chat/test_chat_template.cpp compares
 kvzap::apply_chat_template with every entry.
 
   * smollm2:  the template stored in the model file (tokenizer.chat_template of the default model).

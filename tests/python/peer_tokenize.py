@@ -9,7 +9,7 @@ Generates a deterministic set of varied strings and tokenizes them with llama.cp
 
 The relabelled copies are vocab-only GGUF files (all metadata, no tensors) written to a temporary
 directory: they exercise the Llama 3 and Qwen2 pre-tokenizers on a real vocabulary without needing
-those models. Each golden file is a list of {"text", "ids"}; tests/unit/test_tokenizer.cpp replays them.
+those models. Each golden file is a list of {"text", "ids"}; tests/unit/tokenizer/test_tokenizer.cpp replays them.
 
 It also writes tests/golden/tokenize_splits.json: the pre-tokenizer pieces of every case under the
 smollm / llama3 / qwen2 / gpt2 rules, computed with the `regex` module from the Hugging Face patterns
