@@ -39,6 +39,8 @@ def press_cases(binary):
     cases = []
     for p in presses:
         name = p["name"]
+        if "own_budget" in p["policies"]:  # sets its own budget: no ratio, no threshold
+            cases.append((f"{name}:own_budget", ["--press", name]))
         if "ratio" in p["policies"]:
             cases.append((f"{name}:ratio", ["--press", name, "--ratio", "0.5"]))
         if "threshold" in p["policies"]:

@@ -1,5 +1,6 @@
 // `kvzap presses [--json]`: the registered scorers, what they do and which policies can wrap them
-// (every scorer works with a ratio; only per-step scorers with a threshold).
+// (every scorer works with a ratio, except those that set their own budget; only per-step scorers with a
+// threshold).
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -11,7 +12,10 @@
 namespace kvzap::cli {
 namespace {
 
-std::string policies(const ScorerEntry& e) { return e.supports_threshold ? "threshold, ratio" : "ratio"; }
+std::string policies(const ScorerEntry& e) {
+  if (e.traits.own_budget) return "own budget";  // no ratio, no threshold (PressTraits::own_budget)
+  return e.supports_threshold ? "threshold, ratio" : "ratio";
+}
 
 std::string params_text(const PressTraits& t) {
   std::string s;
@@ -31,8 +35,12 @@ int run_presses(bool json) {
     nlohmann::json out = nlohmann::json::array();
     for (const ScorerEntry* e : entries) {
       nlohmann::json pol = nlohmann::json::array();
-      if (e->supports_threshold) pol.push_back("threshold");
-      pol.push_back("ratio");
+      if (e->traits.own_budget) {
+        pol.push_back("own_budget");
+      } else {
+        if (e->supports_threshold) pol.push_back("threshold");
+        pol.push_back("ratio");
+      }
       out.push_back({{"name", e->name}, {"description", e->description}, {"policies", pol},
                      {"kvpress_parity", e->traits.kvpress_parity.empty() ? "not compared" : e->traits.kvpress_parity},
                      {"params", press_params_json(e->traits)}});

@@ -139,7 +139,7 @@ int run_serve(const ServeArgs& a) {
       throw Error("--threshold/--ratio/--decode-press need --press NAME");
     d.press = a.press.spec();
     d.prefill_evict_every = a.press.flags.prefill_evict_every;
-    if (d.press.has_ratio) d.press.prefill_evict_every = 0;  // a ratio press judges whole contexts
+    if (judges_whole_contexts(d.press)) d.press.prefill_evict_every = 0;  // a ratio press judges whole contexts
     if (d.has_press) make_press(d.press, *model);  // a bad default fails at start, not per request
     d.limits.n_vocab = model->config().n_vocab;
     d.limits.max_tokens = a.max_tokens;

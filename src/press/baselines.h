@@ -116,6 +116,10 @@ std::unique_ptr<Scorer> make_keydiff_scorer();
 std::unique_ptr<Scorer> make_lagkv_scorer(int64_t n_sink = 4, int64_t lag_size = 128);
 std::unique_ptr<Scorer> make_chunkkv_scorer(const ModelConfig& c, int64_t chunk_length = 20);
 std::unique_ptr<Scorer> make_cur_scorer(int64_t num_sinks = 4, int64_t local_window_size = 16, bool use_local_approximation = true);
+// SimLayerKV (press/scorer_simlayerkv.cpp): its own budget (BudgetSplit::uses_ratio false), whole lazy layers
+// cut to their first n_initial and last n_recent - n_last entries. Throws kvzap::Error unless n_recent > n_last.
+std::unique_ptr<Scorer> make_simlayerkv_scorer(const ModelConfig& c, double lazy_threshold, int n_last = 1,
+                                               int64_t n_recent = 1024, int64_t n_initial = 4);
 // blending: kvpress uses the compression ratio (0.35 if unset).
 std::unique_ptr<Scorer> make_compactor_scorer(const ModelConfig& c, double blending, uint64_t seed);
 // The tiled non-causal attention half of Compactor on its own or with other protected ends

@@ -120,6 +120,9 @@ class BudgetSplit {
  public:
   virtual ~BudgetSplit() = default;
   virtual std::string budget_name() const = 0;  // shown in the press name instead of the scope
+  // False for a press that sets its own budget and takes no ratio (PressTraits::own_budget): the policy
+  // then calls mark_evictions with ratio 0 and names the press without a ratio.
+  virtual bool uses_ratio() const { return true; }
   // drop comes sized (empty_mask) and all 0; mark the entries to evict.
   virtual void mark_evictions(const KvCache& cache, const CacheScores& scores, double ratio, EvictionMask& drop) = 0;
 };

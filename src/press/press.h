@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -156,6 +157,14 @@ struct PressTraits {
   // The threshold of a spec that gives neither a threshold nor a ratio (KVzap: calibrated beside its
   // surrogate); empty or nullopt = none, the spec is refused.
   std::function<std::optional<double>(const PressSpec&, const Model&)> default_threshold;
+  // The press decides itself how much to evict (SimLayerKV: whole "lazy" layers cut to their ends) and
+  // takes neither a ratio nor a threshold: make_press refuses either. It runs under the ratio policy's
+  // context protocol (judged once the context is prefilled) and its scorer is a BudgetSplit whose
+  // uses_ratio() is false.
+  bool own_budget = false;
+  // Parameters under which the press prunes a short context (a few hundred tokens): the setting the tests
+  // that run every press give a press with its own budget (whose defaults may leave such a context whole).
+  std::map<std::string, double> demo_params;
   // How its kept sets compare with kvpress's (tests/python/check_kvpress_parity.py, docs/PARITY.md), shown by
   // `kvzap presses`; empty = not compared.
   std::string kvpress_parity;
@@ -175,6 +184,9 @@ std::vector<ScorerEntry>& scorer_registry();
 const ScorerEntry* find_press_entry(const std::string& name);
 // find_press_entry(name)'s traits, or the defaults for an unknown name (make_press refuses it).
 const PressTraits& press_traits(const std::string& name);
+// Whether the spec's press judges whole contexts once prefilled (a ratio, or its own budget): evicting
+// while prefilling (prefill_evict_every) does not apply to it.
+inline bool judges_whole_contexts(const PressSpec& s) { return s.has_ratio || press_traits(s.name).own_budget; }
 // The value of a parameter the press declares: the spec's, else the registry's default. Throws
 // kvzap::Error (internal) for an undeclared name.
 double press_param(const PressSpec& spec, const std::string& name);

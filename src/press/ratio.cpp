@@ -211,6 +211,10 @@ std::string RatioPress::name() const {
   const auto* split = dynamic_cast<const BudgetSplit*>(scorer_.get());
   const std::string budget = split ? split->budget_name() : scope_name(scope_);
   char buf[200];
+  if (split && !split->uses_ratio()) {
+    std::snprintf(buf, sizeof buf, "%s (%s)", scorer_name_.c_str(), budget.c_str());
+    return buf;
+  }
   std::snprintf(buf, sizeof buf, "%s (ratio %g, %s)", scorer_name_.c_str(), ratio_, budget.c_str());
   return buf;
 }
@@ -287,7 +291,7 @@ int64_t RatioPress::finish_context(KvCache& cache, ContextView* ctx) {
   }
   if (auto* split = dynamic_cast<BudgetSplit*>(scorer_.get())) {
     check_score_shape(cache, scores);
-    if (!(ratio_ > 0)) return 0;
+    if (!(ratio_ > 0) && split->uses_ratio()) return 0;
     EvictionMask drop = empty_mask(cache);
     split->mark_evictions(cache, scores, ratio_, drop);
     if (!sliding_layers_)  // its own budget split: the sliding-window layers' share is not taken

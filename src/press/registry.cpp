@@ -93,6 +93,23 @@ std::unique_ptr<Press> make_press(const PressSpec& options, const Model& model) 
       opt.threshold = *t;
     }
   }
+  if (entry.traits.own_budget) {
+    // It chooses what to evict itself (e.g. SimLayerKV's lazy layers): a ratio or threshold would mean nothing.
+    if (wrap_adakv) throw Error("press '" + entry.name + "' sets its own budget and cannot be wrapped in AdaKV");
+    if (opt.has_ratio || opt.has_threshold)
+      throw Error("press '" + opt.name + "' sets its own budget (see `kvzap presses`) and takes no " +
+                  (opt.has_ratio ? "ratio" : "threshold") + ": leave it out");
+    if (opt.decoding) throw Error("press '" + opt.name + "' compresses the context only: it cannot prune while decoding");
+    if (opt.prefill_evict_every > 0)
+      throw Error("press '" + opt.name + "' judges the whole context once it is complete: prefill_evict_every does not apply");
+    parse_ratio_scope(opt.ratio_scope);
+    std::unique_ptr<Scorer> probe = entry.make(opt, model);
+    const auto* split = dynamic_cast<const BudgetSplit*>(probe.get());
+    if (!split || split->uses_ratio() || probe->per_step())
+      throw Error("internal: press '" + opt.name + "' declares its own budget but its scorer does not choose it");
+    const Model* m = &model;
+    return make_ratio_press([make = entry.make, opt, m]() { return make(opt, *m); }, opt);
+  }
   if (wrap_adakv && opt.has_threshold)
     throw Error("press '" + opt.name + "' is an AdaKV ratio budget and cannot use a threshold; give it a ratio");
 

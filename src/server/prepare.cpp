@@ -29,7 +29,7 @@ std::unique_ptr<Press> PressFactory::make(const PressSpec& o, const std::string&
 bool resolve_press(const std::optional<KvCompressionSpec>& spec, const ServerDefaults& d, PressSpec& out) {
   if (!spec) {
     out = d.press;
-    out.prefill_evict_every = out.has_ratio ? 0 : d.prefill_evict_every;
+    out.prefill_evict_every = judges_whole_contexts(out) ? 0 : d.prefill_evict_every;
     return d.has_press;
   }
   if (spec->press && *spec->press == "none") {
@@ -44,7 +44,7 @@ bool resolve_press(const std::optional<KvCompressionSpec>& spec, const ServerDef
     throw invalid_request("kv_compression.press is required: this server has no default press (--press)");
   // Another press than the server's starts from PressSpec{}: only the request's settings apply.
   out = press_spec_apply(d.has_press ? d.press : PressSpec{}, *spec);
-  if (!spec->prefill_evict_every) out.prefill_evict_every = out.has_ratio ? 0 : d.prefill_evict_every;
+  if (!spec->prefill_evict_every) out.prefill_evict_every = judges_whole_contexts(out) ? 0 : d.prefill_evict_every;
   return true;
 }
 

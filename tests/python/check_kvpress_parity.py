@@ -210,6 +210,11 @@ def presses():
         lambda r: K.ChunkPress(press=K.ExpectedAttentionPress(compression_ratio=r, epsilon=0.0), chunk_length=100),
         variant="chunk_length=100 epsilon=0", params={"chunk_length": 100, "epsilon": 0})
     # Negative control: a different press must be told apart (the comparison can fail).
+    # SimLayerKV sets its own budget (no ratio, scope None): kvpress's defaults (lazy_threshold 1, n_recent
+    # 1024) leave these contexts whole. Here 14 of the 24 (context, layer) pairs are lazy (8 on llama, 6 on
+    # smollm2), the nearest end mass 0.004 from the threshold (0.2942 on smollm2).
+    add("simlayerkv", None, lambda r: K.SimLayerKVPress(lazy_threshold=0.29, n_recent=256),
+        variant="lazy_threshold=0.29 n_recent=256", params={"lazy_threshold": 0.29, "n_recent": 256})
     add("knorm", "head", lambda r: K.KeyDiffPress(compression_ratio=r), expect="differ",
         why="negative control", variant="against kvpress KeyDiffPress")
     add("random", "head", lambda r: K.RandomPress(compression_ratio=r, seed=42), expect="report",
@@ -459,8 +464,10 @@ def kvzap_run(d, text, name, scope, tmp, n_answer, params=None):
     with open(ctx, "w", encoding="utf-8") as f:
         f.write(text)
     args = [kvzap_bin(), "generate", "-m", d, "--context-file", ctx, "--question", QUESTION, "--chat",
-            "--press", name, "--ratio", str(RATIO), "--ratio-scope", scope, "--temp", "0", "-n", str(n_answer),
-            "--json", "--kept-positions", "--kv-type", "f32", "-c", "4096", "-t", "2", "--save-cache", cache]
+            "--press", name, "--temp", "0", "-n", str(n_answer), "--json", "--kept-positions", "--kv-type", "f32",
+            "-c", "4096", "-t", "2", "--save-cache", cache]
+    if scope is not None:  # None: a press that sets its own budget takes no ratio
+        args += ["--ratio", str(RATIO), "--ratio-scope", scope]
     for k, v in (params or {}).items():
         args += ["--press-param", "%s=%s" % (k, v)]
     p = subprocess.run(args, capture_output=True, text=True)

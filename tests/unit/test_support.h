@@ -138,6 +138,20 @@ inline std::vector<const ScorerEntry*> presses_under_test() {
   return out;
 }
 
+// Gives a press that runs under the ratio policy its setting in a test of every press: `ratio`, or for a
+// press that sets its own budget (PressTraits::own_budget, no ratio) the registry's demo parameters, under
+// which it prunes a short context.
+inline void give_budget(PressSpec& s, double ratio) {
+  const PressTraits& t = press_traits(s.name);
+  if (t.own_budget) {
+    for (const auto& [k, v] : t.demo_params) s.params[k] = v;
+    s.has_ratio = false;
+    return;
+  }
+  s.has_ratio = true;
+  s.ratio = ratio;
+}
+
 // Whether a test that names its presses runs `name`: always without KVZAP_TEST_PRESSES, else when listed.
 inline bool press_selected(const std::string& name) {
   if (every_press_under_test()) return true;

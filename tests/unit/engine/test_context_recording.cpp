@@ -54,8 +54,7 @@ std::vector<PressSpec> every_press() {
     const ScorerEntry& e = *entry;
     PressSpec r;
     r.name = e.name;
-    r.has_ratio = true;
-    r.ratio = 0.5;
+    test::give_budget(r, 0.5);
     r.ratio_scope = e.name == "kvzip" || e.name == "kvzip+" ? "global" : "head";
     out.push_back(r);
     if (!e.supports_threshold) continue;

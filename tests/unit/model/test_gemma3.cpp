@@ -445,8 +445,7 @@ TEST(Gemma3, ContextScorersJudgeTheGlobalLayers) {
     SCOPED_TRACE(e.name);
     Engine engine(*t->model, small_engine(2));
     auto seq = engine.new_sequence();
-    po.has_ratio = true;
-    po.ratio = 0.5;
+    test::give_budget(po, 0.5);
     const std::vector<int64_t> before = prefill_under_press(engine, *seq, make_press(po, *t->model), toks);
     const KvCache& cache = seq->cache();
     ASSERT_NO_THROW(seq->end_context(toks));

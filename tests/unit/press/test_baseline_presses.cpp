@@ -1524,6 +1524,87 @@ TEST(BaselineBudgets, ChunkExpectedAttentionUsesEachChunksOwnQueryStatistics) {
     return d;
   }(), 1e-5, "one chunk");
   EXPECT_THROW(make_chunk_expected_attention_scorer(c, 4, 1e-2), Error);
+// SimLayerKV (kvpress SimLayerKVPress): the last n_last queries' attention on a layer's ends, averaged over
+// the window rows and every query head, decides whether the layer is lazy; a lazy layer keeps kvpress's
+// keys[:n_initial] and keys[-n_recent + n_last:] in every head, the others keep everything.
+TEST(BaselineBudgets, SimLayerKvCutsLazyLayersToKvpressSlices) {
+  const ModelConfig c = small_config();
+  const int64_t T = 60, n_initial = 4, n_recent = 16;
+  const int n_last = 3;
+  // Layer 0's window queries point at the sink key 1, layer 1's are flat: their end masses differ.
+  Context x = make_context(c, T, 71);
+  for (float& a : x.q[1]) a *= 0.05f;
+  for (int64_t p = T - n_last; p < T; p++)
+    for (int hq = 0; hq < c.n_head; hq++)
+      for (int d = 0; d < c.head_dim; d++)
+        x.q[0][(size_t)((p * c.n_head + hq) * c.head_dim + d)] = 6.0f * x.key(0, hq / c.n_group(), 1)[d];
+  // Reference, in double: per layer, softmax over the keys each window row sees (causal), summed on
+  // keys [0, n_initial) and [m - n_recent, m) with m = T - n_last, averaged over rows and query heads.
+  const int D = c.head_dim, G = c.n_group();
+  const double scale = 1.0 / std::sqrt((double)D);
+  std::vector<double> mass((size_t)c.n_layer, 0.0);
+  const int64_t m = T - n_last;
+  for (int l = 0; l < c.n_layer; l++) {
+    for (int hq = 0; hq < c.n_head; hq++)
+      for (int64_t p = T - n_last; p < T; p++) {
+        std::vector<double> e((size_t)(p + 1));
+        double mx = -1e300, z = 0;
+        for (int64_t i = 0; i <= p; i++) mx = std::max(mx, e[(size_t)i] = scale * dot(x.query(l, hq, p), x.key(l, hq / G, i), D));
+        for (double& a : e) z += (a = std::exp(a - mx));
+        for (int64_t i = 0; i < n_initial; i++) mass[(size_t)l] += e[(size_t)i] / z;
+        for (int64_t i = m - n_recent; i < m; i++) mass[(size_t)l] += e[(size_t)i] / z;
+      }
+    mass[(size_t)l] /= (double)(n_last * c.n_head);
+  }
+  ASSERT_GT(std::fabs(mass[0] - mass[1]), 0.02) << mass[0] << " " << mass[1];
+  const int lazy = mass[0] > mass[1] ? 0 : 1;
+  std::vector<int32_t> all((size_t)T), ends;
+  std::iota(all.begin(), all.end(), 0);
+  for (int32_t i = 0; i < n_initial; i++) ends.push_back(i);
+  for (int64_t i = T - (n_recent - n_last); i < T; i++) ends.push_back((int32_t)i);  // kvpress: keys[-n_recent + n_last:]
+  ASSERT_EQ(ends.size(), (size_t)(n_initial + n_recent - n_last));
+
+  auto kept_under = [&](double threshold, const Context& ctx) {
+    PressSpec o;
+    o.name = "simlayerkv";  // no ratio: the press sets its own budget
+    RatioPress press(make_simlayerkv_scorer(c, threshold, n_last, n_recent, n_initial), o);
+    KvCache cache(c.n_layer, c.n_head_kv, c.head_dim);
+    press.start_context();
+    feed(cache, ctx, 7, [&](const LayerStep& st) { press.after_attention(st, cache); });
+    press.finish_context(cache, nullptr);
+    EXPECT_EQ(press.name(), "simlayerkv (lazy layers)");
+    std::vector<std::vector<std::vector<int32_t>>> kept((size_t)c.n_layer, std::vector<std::vector<int32_t>>((size_t)c.n_head_kv));
+    for (int l = 0; l < c.n_layer; l++)
+      for (int h = 0; h < c.n_head_kv; h++)
+        for (int64_t i = 0; i < cache.length(l, h); i++) kept[(size_t)l][(size_t)h].push_back(cache.position_at(l, h, i));
+    return kept;
+  };
+  // Between the two masses: exactly the lazier layer is cut to its ends, in every head.
+  {
+    const auto kept = kept_under((mass[0] + mass[1]) / 2, x);
+    for (int l = 0; l < c.n_layer; l++)
+      for (int h = 0; h < c.n_head_kv; h++) EXPECT_EQ(kept[(size_t)l][(size_t)h], l == lazy ? ends : all) << "layer " << l;
+  }
+  // The kernel's end mass is the reference's: just below it the layer is lazy, just above it not (strict >).
+  for (double eps : {-1e-4, 1e-4}) {
+    const auto kept = kept_under(mass[(size_t)lazy] + eps, x);
+    for (int h = 0; h < c.n_head_kv; h++) EXPECT_EQ(kept[(size_t)lazy][(size_t)h], eps < 0 ? ends : all) << eps;
+  }
+  // Below both: every layer is lazy; threshold 1 (kvpress's default): none is, nothing is evicted.
+  for (double threshold : {0.0, 1.0}) {
+    const auto kept = kept_under(threshold, x);
+    for (int l = 0; l < c.n_layer; l++)
+      for (int h = 0; h < c.n_head_kv; h++) EXPECT_EQ(kept[(size_t)l][(size_t)h], threshold == 0 ? ends : all);
+  }
+  // A context of at most n_initial + n_recent + n_last tokens is left whole, however lazy.
+  {
+    const Context short_ctx = make_context(c, n_initial + n_recent + n_last, 72);
+    const auto kept = kept_under(0.0, short_ctx);
+    for (int l = 0; l < c.n_layer; l++)
+      for (int h = 0; h < c.n_head_kv; h++) EXPECT_EQ(kept[(size_t)l][(size_t)h].size(), (size_t)short_ctx.T);
+  }
+  // kvpress's slice keys[-n_recent + n_last:] is not the recent end unless n_recent > n_last: refused.
+  EXPECT_THROW(make_simlayerkv_scorer(c, 0.5, 4, 4, 4), Error);
 }
 
 TEST(BaselineBudgets, ProtectedEntriesSurviveEvenAGlobalBudget) {
@@ -1598,6 +1679,19 @@ TEST_F(BaselinesWithModel, RegistryHoldsEveryBaselineButNotNoPress) {
   o.has_ratio = false;
   o.has_threshold = true;
   EXPECT_THROW(make_press(o, *model_), Error);
+  // SimLayerKV sets its own budget (the registry says so): it runs without a ratio and refuses one.
+  EXPECT_TRUE(press_traits("simlayerkv").own_budget);
+  EXPECT_EQ(make_press(press_spec_from_json({{"press", "simlayerkv"}}), *model_)->name(), "simlayerkv (lazy layers)");
+  for (const char* bad : {R"({"press": "simlayerkv", "ratio": 0.5})", R"({"press": "simlayerkv", "threshold": 0.5})",
+                          R"({"press": "adakv_simlayerkv"})", R"({"press": "simlayerkv", "n_recent": 1, "n_last": 1})"}) {
+    try {
+      make_press(press_spec_from_json(nlohmann::json::parse(bad)), *model_);
+      ADD_FAILURE() << bad << " was not refused";
+    } catch (const Error& e) {
+      if (std::string(bad).find("ratio") != std::string::npos)
+        EXPECT_NE(std::string(e.what()).find("takes no ratio"), std::string::npos) << e.what();
+    }
+  }
 }
 
 // kvpress's own arguments reach the scorer: SnapKV's window_size (the window kept whole moves) and

@@ -79,8 +79,7 @@ std::vector<PressSpec> every_press() {
       s.window = 32;
       s.decoding = true;
     } else {
-      s.has_ratio = true;
-      s.ratio = 0.5;
+      test::give_budget(s, 0.5);
       s.ratio_scope = press_traits(e.name).kvpress_ratio_scope;
     }
     out.push_back(s);
