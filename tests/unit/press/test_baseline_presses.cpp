@@ -1524,6 +1524,8 @@ TEST(BaselineBudgets, ChunkExpectedAttentionUsesEachChunksOwnQueryStatistics) {
     return d;
   }(), 1e-5, "one chunk");
   EXPECT_THROW(make_chunk_expected_attention_scorer(c, 4, 1e-2), Error);
+}
+
 // SimLayerKV (kvpress SimLayerKVPress): the last n_last queries' attention on a layer's ends, averaged over
 // the window rows and every query head, decides whether the layer is lazy; a lazy layer keeps kvpress's
 // keys[:n_initial] and keys[-n_recent + n_last:] in every head, the others keep everything.
