@@ -99,6 +99,39 @@ class AdaKVPress(BasePress):
         self.spec = json.loads(_kvzap.press_spec_normalize(json.dumps(spec)))
 
 
+def _wrapped_press(prefix: str, wrapper: str, press: "BasePress", kwargs: dict) -> tuple:
+    """kvpress's wrapper presses (ChunkPress(press), CriticalKVPress(press), ...) are registered presses of
+    their own, named prefix + the inner press's name (chunk_snapkv, critical_expected_attention, ...)."""
+    if not isinstance(press, BasePress):
+        raise Error(f"{wrapper}: press must be a kvzap press, got {type(press).__name__}")
+    name = prefix + press.spec["press"]
+    if name not in _REGISTRY:
+        have = sorted(n[len(prefix):] for n in _REGISTRY if n.startswith(prefix))
+        raise Error(f"{wrapper}({type(press).__name__}) is not available: kvzap has {wrapper} around "
+                    + ", ".join(have) + " (kvzap presses)")
+    inner = {k: v for k, v in press.spec.items() if k not in ("press", "ratio_scope")}
+    spec = {"press": name, **inner, **_spec_fields(kwargs)}
+    return name, json.loads(_kvzap.press_spec_normalize(json.dumps(spec)))
+
+
+def _wrapper_class(prefix: str, class_name: str, doc: str) -> type:
+    def __init__(self, press: BasePress, **kwargs: Any):
+        self.press_name, self.spec = _wrapped_press(prefix, class_name, press, kwargs)
+        self._kwargs = {"press": press, **kwargs}
+    return type(class_name, (BasePress,), {"__init__": __init__, "__doc__": doc})
+
+
+ChunkPress = _wrapper_class("chunk_", "ChunkPress", "ChunkPress(press, chunk_length=1024): the press on each "
+                            "chunk of the context alone, every chunk keeping its share (registry: chunk_<press>).")
+BlockPress = _wrapper_class("block_", "BlockPress", "BlockPress(press, block_size=128): the press over the kept "
+                            "entries plus each next block, keeping the budget every block (registry: block_<press>).")
+CriticalKVPress = _wrapper_class("critical_", "CriticalKVPress", "CriticalKVPress(press, epsilon, first_stage_ratio): "
+                                 "half the budget by the press, the rest weighted by ||W_O v|| (registry: critical_<press>).")
+CriticalAdaKVPress = _wrapper_class("critical_adakv_", "CriticalAdaKVPress", "CriticalAdaKVPress(press, ...): "
+                                    "CriticalKV under AdaKV's per-layer budget (registry: critical_adakv_<press>).")
+__all__ += ["ChunkPress", "BlockPress", "CriticalKVPress", "CriticalAdaKVPress"]
+
+
 class DMSPress(BasePress):
     """DMSPress(press, threshold, decoding=False, sliding_window_size=128): the threshold policy over a
     per-token scorer, as kvpress's DMSPress (the engine's threshold policy)."""

@@ -224,7 +224,9 @@ std::string python_class(const std::string& name) {
       {"chunkkv", "ChunkKVPress"},      {"cur", "CURPress"},
       {"compactor", "CompactorPress"},  {"kvzip", "KVzipPress"},
       {"kvzip+", "KVzipPlusPress"},     {"kvzap-linear", "KVzapPress"},
-      {"kvzap-mlp", "KVzapPress"}};
+      {"kvzap-mlp", "KVzapPress"},      {"simlayerkv", "SimLayerKVPress"},
+      {"non_causal_attn", "NonCausalAttnPress"}, {"leverage_score", "LeverageScorePress"},
+      {"cap", "CapPress"},              {"entropy_gated_chunkkv", "EntropyGatedChunkKVPress"}};
   for (const auto& [n, c] : kvpress)
     if (name == n) return c;
   std::string out;
@@ -240,8 +242,12 @@ std::string python_class(const std::string& name) {
   return out + "Press";
 }
 
+// kvpress compositions (AdaKVPress(press), ChunkPress(press), BlockPress(press), CriticalKVPress(press), ...)
+// are registered presses of their own here; Python builds them from the wrapper classes.
 bool is_kvpress_class(const std::string& name) {
-  return name != "kvzip+" && name != "expected_attention_uniform" && name.rfind("adakv_", 0) != 0;
+  for (const char* wrapped : {"adakv_", "chunk_", "block_", "critical_"})
+    if (name.rfind(wrapped, 0) == 0) return false;
+  return name != "kvzip+" && name != "expected_attention_uniform";
 }
 
 json answer_json(const GenerateResult& r) {
@@ -364,7 +370,8 @@ kvzap_status kvzap_presses(char** json_out) {
       arr.push_back({{"name", e.name}, {"description", e.description}, {"supports_threshold", e.supports_threshold},
                      {"kvpress_ratio_scope", e.traits.kvpress_ratio_scope},
                      {"python_class", python_class(e.name)}, {"kvpress_class", is_kvpress_class(e.name)},
-                     {"params", press_params_json(e.traits)}});
+                     {"params", press_params_json(e.traits)}, {"own_budget", e.traits.own_budget},
+                     {"demo_params", e.traits.demo_params}});
     out_json(json_out, arr);
   });
 }

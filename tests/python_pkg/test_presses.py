@@ -8,7 +8,9 @@ from conftest import CONTEXT, default_model
 
 KVPRESS_NAMES = ["KnormPress", "RandomPress", "StreamingLLMPress", "SnapKVPress", "TOVAPress",
                  "ObservedAttentionPress", "ExpectedAttentionPress", "PyramidKVPress", "KeyDiffPress", "LagKVPress",
-                 "ChunkKVPress", "CURPress", "CompactorPress", "KVzipPress", "KVzapPress", "AdaKVPress", "DMSPress"]
+                 "ChunkKVPress", "CURPress", "CompactorPress", "KVzipPress", "KVzapPress", "AdaKVPress", "DMSPress",
+                 "SimLayerKVPress", "NonCausalAttnPress", "LeverageScorePress", "CapPress", "EntropyGatedChunkKVPress",
+                 "ChunkPress", "BlockPress", "CriticalKVPress", "CriticalAdaKVPress"]
 
 
 def test_kvpress_class_names_exist():
@@ -36,6 +38,14 @@ def press_classes():
 @pytest.mark.parametrize("cls_name", press_classes())
 def test_every_press_class_runs(cls_name, tiny):
     cls = getattr(kvzap, cls_name)
+    entry = next(e for e in kvzap.presses() if e["python_class"] == cls_name)
+    if entry["own_budget"]:  # it takes no ratio (SimLayerKV): the registry's demonstration settings
+        with pytest.raises(kvzap.Error, match="ratio"):
+            cls(compression_ratio=0.25)
+        press = cls(**entry["demo_params"])
+        out = tiny(CONTEXT, question="Which lamp?", press=press, max_new_tokens=2, temperature=0)
+        assert 0 < out["kv_stats"]["evicted_fraction"] < 1, (cls_name, out["kv_stats"])
+        return
     press = cls(compression_ratio=0.25)
     assert press.spec["ratio"] == 0.25
     if cls_name == "KVzapPress":
@@ -64,6 +74,17 @@ def test_wrappers():
     assert dms.spec["decoding"] is True and dms.spec["window"] == 64
     kz = kvzap.KVzapPress(model_type="linear", threshold=-4)
     assert kz.spec["press"] == "kvzap-linear" and kz.spec["threshold"] == -4
+    # kvpress's other wrappers name registered presses: ChunkPress(SnapKVPress) is chunk_snapkv, ...
+    ch = kvzap.ChunkPress(kvzap.SnapKVPress(compression_ratio=0.5, window_size=32), chunk_length=256)
+    assert ch.spec["press"] == "chunk_snapkv" and ch.spec["ratio"] == 0.5
+    assert ch.spec["chunk_length"] == 256 and ch.spec["window_size"] == 32, ch.spec
+    assert kvzap.CriticalKVPress(kvzap.ExpectedAttentionPress(compression_ratio=0.5)).spec["press"] == \
+        "critical_expected_attention"
+    assert kvzap.CriticalAdaKVPress(kvzap.SnapKVPress(compression_ratio=0.5)).spec["press"] == "critical_adakv_snapkv"
+    assert kvzap.BlockPress(kvzap.KeyDiffPress(compression_ratio=0.5), block_size=64).spec["press"] == "block_keydiff"
+    with pytest.raises(kvzap.Error, match="ChunkPress.*snapkv"):
+        kvzap.ChunkPress(kvzap.KVzipPress(compression_ratio=0.5))
+    assert kvzap.SimLayerKVPress is not None  # kvpress's class name, not a CamelCase of simlayerkv
 
 
 def test_adakv_and_dms_run(tiny):
