@@ -122,6 +122,10 @@ PressSpec press_spec_apply(const PressSpec& base, const PressSpecPatch& p) {
     }
     out.params[key] = value;
   }
+  // Checked here too (make_press checks the rest), so every front end refuses it on the spec alone.
+  if (traits.own_budget && (out.has_ratio || out.has_threshold))
+    throw Error("press '" + out.name + "' sets its own budget (see `kvzap presses`) and takes no " +
+                (out.has_ratio ? "ratio" : "threshold") + ": leave it out");
   return out;
 }
 
