@@ -340,4 +340,32 @@ void sketched_leverage(const float* keys, int64_t n, int d, const double* phi, i
   }
 }
 
+float expected_attention_logit(const float* k, const float* mu, const float* cov, int D, bool use_covariance, float* y) {
+  if (!use_covariance) {
+    double lin = 0;
+    for (int a = 0; a < D; a++) lin += (double)k[a] * mu[a];
+    return (float)(lin / std::sqrt((double)D));
+  }
+  std::fill(y, y + D, 0.0f);
+  for (int b = 0; b < D; b++) {  // y = cov k (cov symmetric: row b times k_b)
+    const float kb = k[b];
+    const float* cb = cov + (size_t)b * D;
+    for (int a = 0; a < D; a++) y[a] += cb[a] * kb;
+  }
+  double lin = 0, quad = 0;
+  for (int a = 0; a < D; a++) {
+    lin += (double)k[a] * mu[a];
+    quad += (double)k[a] * y[a];
+  }
+  return (float)(lin / std::sqrt((double)D) + quad / (2.0 * D));
+}
+
+void add_softmax(std::vector<float>& logits, float* acc) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (float x : logits) mx = std::max(mx, x);
+  double sum = 0;
+  for (float& x : logits) sum += (x = std::exp(x - mx));
+  for (size_t i = 0; i < logits.size(); i++) acc[i] += (float)(logits[i] / sum);
+}
+
 }  // namespace kvzap

@@ -78,6 +78,12 @@ class WindowQueries {
 // KeyDiff (kvpress KeyDiffPress): -cos(k_i, anchor), anchor = the mean of the L2-normalised keys, over the
 // rows `rows[0..n)` of keys [T][D] (rows null: rows 0..n-1); out [n], in double (block_keydiff compares
 // them across blocks).
+// ExpectedAttention's logit of key k (kvpress): for a query ~ N(mu, cov) (the rotated statistics),
+// k.mu / sqrt(D) + k' cov k / (2 D); without the covariance (use_covariance=False) the mean's term alone.
+// y: scratch [D]. Shared by expected_attention and chunk_expected_attention (same arithmetic, same bits).
+float expected_attention_logit(const float* k, const float* mu, const float* cov, int D, bool use_covariance, float* y);
+// acc[i] += softmax(logits)[i] for every i (logits is overwritten).
+void add_softmax(std::vector<float>& logits, float* acc);
 void keydiff_scores(const float* keys, int D, const int64_t* rows, size_t n, double* out);
 
 // A right Gaussian sketch for stream (layer, head): [d][k] entries N(0, 1) / sqrt(k), reproducible

@@ -1,6 +1,7 @@
 // Shared plumbing of the kvpress baseline scorers (press/baselines.h).
 #include "press/baselines.h"
 
+#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -43,6 +44,31 @@ void size_scores(const KvCache& cache, CacheScores& out) {
     for (int h = 0; h < cache.n_head_kv(); h++)
       out[(size_t)l][(size_t)h].assign((size_t)cache.length(l, h),
                                        judged_layer(cache, l) ? 0.0f : std::numeric_limits<float>::infinity());
+}
+
+void ChunkBudget::mark_evictions(const KvCache& cache, const CacheScores& scores, double ratio, EvictionMask& drop) {
+  if (!(ratio > 0)) return;
+  const int H = cache.n_head_kv();
+  std::vector<float> cs;
+  std::vector<uint8_t> cd;
+  for (int l = 0; l < cache.n_layer(); l++) {
+    if (!judged_layer(cache, l)) continue;
+    for (int h = 0; h < H; h++) {
+      const std::vector<float>& s = scores[(size_t)l][(size_t)h];
+      std::vector<uint8_t>& d = drop[(size_t)l * H + h];
+      const int64_t T = (int64_t)s.size();
+      for (int64_t c0 = 0; c0 < T; c0 += chunk_) {
+        const int64_t n = std::min(chunk_, T - c0);
+        if (n <= keep_whole_up_to_) continue;
+        const int64_t kept = std::max<int64_t>(1, (int64_t)((double)n * (1.0 - ratio)));
+        cs.assign(s.begin() + c0, s.begin() + c0 + n);
+        cd.assign((size_t)n, 0);
+        mark_lowest_in_stream(cs, n - kept, cd);
+        for (int64_t i = 0; i < n; i++)
+          if (cd[(size_t)i]) d[(size_t)(c0 + i)] = 1;
+      }
+    }
+  }
 }
 
 }  // namespace kvzap

@@ -25,6 +25,23 @@ namespace kvzap {
 class ThreadPool;
 
 // Base of the baseline scorers: context scorers that need only the cache plus what they observed.
+// kvpress ChunkPress's budget, shared by the chunk_<press> scorers: the context is cut into chunks of
+// chunk_length slots (the remainder is one more chunk) and every judged (layer, KV head) keeps
+// max(1, int(n (1 - ratio))) of the n entries of each chunk, the best by its scores (the ratio scope does
+// not apply). A last chunk of at most keep_whole_up_to entries is kept whole (an inner press that cannot
+// judge it: kvpress asserts).
+class ChunkBudget : public BudgetSplit {
+ public:
+  explicit ChunkBudget(int64_t chunk_length, int64_t keep_whole_up_to = 0)
+      : chunk_(chunk_length), keep_whole_up_to_(keep_whole_up_to) {}
+  std::string budget_name() const override { return "chunks of " + std::to_string(chunk_); }
+  void mark_evictions(const KvCache& cache, const CacheScores& scores, double ratio, EvictionMask& drop) override;
+
+ protected:
+  int64_t chunk_;  // slots per chunk (kvpress chunk_length)
+  int64_t keep_whole_up_to_;
+};
+
 class CacheContextScorer : public Scorer, public CacheScorer {
  public:
   bool per_step() const override { return false; }

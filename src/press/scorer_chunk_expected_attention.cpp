@@ -25,16 +25,15 @@ namespace {
 constexpr int kSinks = 4;
 constexpr int kFuturePositions = 512;
 
-class ChunkExpectedAttentionScorer : public CacheContextScorer, public BudgetSplit {
+class ChunkExpectedAttentionScorer : public CacheContextScorer, public ChunkBudget {
  public:
   ChunkExpectedAttentionScorer(const ModelConfig& c, int64_t chunk, double epsilon)
-      : cfg_(c), chunk_(chunk), epsilon_(epsilon), rope_(c), layers_((size_t)c.n_layer) {
+      : ChunkBudget(chunk, kSinks), cfg_(c), epsilon_(epsilon), rope_(c), layers_((size_t)c.n_layer) {
     if (chunk <= kSinks)
       throw Error("chunk_expected_attention's chunk_length must exceed its " + std::to_string(kSinks) + " sinks, got " +
                   std::to_string(chunk));
     reset();
   }
-  std::string budget_name() const override { return "chunks of " + std::to_string(chunk_); }
 
   void reset() override {
     const size_t H = (size_t)cfg_.n_head, D = (size_t)cfg_.head_dim;
@@ -117,31 +116,6 @@ class ChunkExpectedAttentionScorer : public CacheContextScorer, public BudgetSpl
     }
   }
 
-  void mark_evictions(const KvCache& cache, const CacheScores& scores, double ratio, EvictionMask& drop) override {
-    if (!(ratio > 0)) return;
-    const int H = cache.n_head_kv();
-    std::vector<float> cs;
-    std::vector<uint8_t> cd;
-    for (int l = 0; l < cache.n_layer(); l++) {
-      if (!judged_layer(cache, l)) continue;
-      for (int h = 0; h < H; h++) {
-        const std::vector<float>& s = scores[(size_t)l][(size_t)h];
-        std::vector<uint8_t>& d = drop[(size_t)l * H + h];
-        const int64_t T = (int64_t)s.size();
-        for (int64_t c0 = 0; c0 < T; c0 += chunk_) {
-          const int64_t n = std::min(chunk_, T - c0);
-          if (n <= kSinks) continue;  // a short last chunk: kept whole (kvpress asserts)
-          const int64_t kept = std::max<int64_t>(1, (int64_t)((double)n * (1.0 - ratio)));
-          cs.assign(s.begin() + c0, s.begin() + c0 + n);
-          cd.assign((size_t)n, 0);
-          mark_lowest_in_stream(cs, n - kept, cd);
-          for (int64_t i = 0; i < n; i++)
-            if (cd[(size_t)i]) d[(size_t)(c0 + i)] = 1;
-        }
-      }
-    }
-  }
-
  private:
   struct Layer {
     int64_t open = -1;                      // the chunk whose queries are being summed
@@ -192,24 +166,9 @@ class ChunkExpectedAttentionScorer : public CacheContextScorer, public BudgetSpl
         rotated_stats(s, (int)hk * G + g, R, mu, cov);
         for (int64_t i = 0; i < m; i++) {
           const float* k = keys.data() + (size_t)i * D;
-          std::fill(y.begin(), y.end(), 0.0f);
-          for (int b = 0; b < D; b++) {
-            const float kb = k[b];
-            const float* cb = cov.data() + (size_t)b * D;
-            for (int a = 0; a < D; a++) y[(size_t)a] += cb[a] * kb;
-          }
-          double lin = 0, quad = 0;
-          for (int a = 0; a < D; a++) {
-            lin += (double)k[a] * mu[(size_t)a];
-            quad += (double)k[a] * y[(size_t)a];
-          }
-          logits[(size_t)i] = (float)(lin / std::sqrt((double)D) + quad / (2.0 * D));
+          logits[(size_t)i] = expected_attention_logit(k, mu.data(), cov.data(), D, /*use_covariance=*/true, y.data());
         }
-        float mx = -std::numeric_limits<float>::infinity();
-        for (float x : logits) mx = std::max(mx, x);
-        double sum = 0;
-        for (float& x : logits) sum += (x = std::exp(x - mx));
-        for (int64_t i = 0; i < m; i++) acc[(size_t)i] += (float)(logits[(size_t)i] / sum);
+        add_softmax(logits, acc.data());
       }
       std::vector<float>& out = s.scores[(size_t)hk];
       const std::vector<float>& vn = s.vnorm[(size_t)hk];
@@ -251,7 +210,6 @@ class ChunkExpectedAttentionScorer : public CacheContextScorer, public BudgetSpl
   }
 
   ModelConfig cfg_;
-  int64_t chunk_;
   double epsilon_;
   RopeTable rope_;
   std::vector<Layer> layers_;

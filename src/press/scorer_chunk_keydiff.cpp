@@ -15,12 +15,11 @@
 namespace kvzap {
 namespace {
 
-class ChunkKeyDiffScorer : public CacheContextScorer, public BudgetSplit {
+class ChunkKeyDiffScorer : public CacheContextScorer, public ChunkBudget {
  public:
-  explicit ChunkKeyDiffScorer(int64_t chunk) : chunk_(chunk) {
+  explicit ChunkKeyDiffScorer(int64_t chunk) : ChunkBudget(chunk) {
     if (chunk < 1) throw Error("chunk_keydiff's chunk_length must be >= 1, got " + std::to_string(chunk));
   }
-  std::string budget_name() const override { return "chunks of " + std::to_string(chunk_); }
 
   void score_cache(const KvCache& cache, CacheScores& out) override {
     require_full_context(cache, "chunk_keydiff");
@@ -43,32 +42,6 @@ class ChunkKeyDiffScorer : public CacheContextScorer, public BudgetSplit {
     });
   }
 
-  void mark_evictions(const KvCache& cache, const CacheScores& scores, double ratio, EvictionMask& drop) override {
-    if (!(ratio > 0)) return;
-    const int H = cache.n_head_kv();
-    std::vector<float> cs;
-    std::vector<uint8_t> cd;
-    for (int l = 0; l < cache.n_layer(); l++) {
-      if (!judged_layer(cache, l)) continue;
-      for (int h = 0; h < H; h++) {
-        const std::vector<float>& s = scores[(size_t)l][(size_t)h];
-        std::vector<uint8_t>& d = drop[(size_t)l * H + h];
-        const int64_t T = (int64_t)s.size();
-        for (int64_t c0 = 0; c0 < T; c0 += chunk_) {
-          const int64_t n = std::min(chunk_, T - c0);
-          const int64_t kept = std::max<int64_t>(1, (int64_t)((double)n * (1.0 - ratio)));
-          cs.assign(s.begin() + c0, s.begin() + c0 + n);
-          cd.assign((size_t)n, 0);
-          mark_lowest_in_stream(cs, n - kept, cd);
-          for (int64_t i = 0; i < n; i++)
-            if (cd[(size_t)i]) d[(size_t)(c0 + i)] = 1;
-        }
-      }
-    }
-  }
-
- private:
-  int64_t chunk_;  // slots per chunk (kvpress chunk_length)
 };
 
 }  // namespace

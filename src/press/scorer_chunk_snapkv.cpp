@@ -21,17 +21,16 @@
 namespace kvzap {
 namespace {
 
-class ChunkSnapKvScorer : public CacheContextScorer, public BudgetSplit {
+class ChunkSnapKvScorer : public CacheContextScorer, public ChunkBudget {
  public:
   ChunkSnapKvScorer(const ModelConfig& c, int64_t chunk, int window, int kernel)
-      : cfg_(c), chunk_(chunk), window_(window), kernel_(kernel), rope_(c), last_(c.n_layer, c.n_head, c.head_dim, window),
+      : ChunkBudget(chunk, window), cfg_(c), window_(window), kernel_(kernel), rope_(c), last_(c.n_layer, c.n_head, c.head_dim, window),
         votes_((size_t)c.n_layer), seen_((size_t)c.n_layer) {
     if (kernel % 2 == 0) throw Error("chunk_snapkv's kernel_size must be odd, got " + std::to_string(kernel));
     if (chunk <= window)
       throw Error("chunk_snapkv's chunk_length (" + std::to_string(chunk) + ") must exceed its window_size (" +
                   std::to_string(window) + "): SnapKV votes with the last window_size queries of each chunk");
   }
-  std::string budget_name() const override { return "chunks of " + std::to_string(chunk_); }
 
   void reset() override {
     last_.clear();
@@ -134,31 +133,6 @@ class ChunkSnapKvScorer : public CacheContextScorer, public BudgetSplit {
     });
   }
 
-  void mark_evictions(const KvCache& cache, const CacheScores& scores, double ratio, EvictionMask& drop) override {
-    if (!(ratio > 0)) return;
-    const int H = cache.n_head_kv();
-    for (int l = 0; l < cache.n_layer(); l++) {
-      if (!judged_layer(cache, l)) continue;
-      for (int h = 0; h < H; h++) {
-        const std::vector<float>& s = scores[(size_t)l][(size_t)h];
-        std::vector<uint8_t>& d = drop[(size_t)l * H + h];
-        const int64_t T = (int64_t)s.size();
-        std::vector<float> cs;
-        std::vector<uint8_t> cd;
-        for (int64_t c0 = 0; c0 < T; c0 += chunk_) {
-          const int64_t n = std::min(chunk_, T - c0);
-          if (n <= window_) continue;  // a short last chunk: kept whole (kvpress asserts)
-          const int64_t kept = std::max<int64_t>(1, (int64_t)((double)n * (1.0 - ratio)));
-          cs.assign(s.begin() + c0, s.begin() + c0 + n);
-          cd.assign((size_t)n, 0);
-          mark_lowest_in_stream(cs, n - kept, cd);
-          for (int64_t i = 0; i < n; i++)
-            if (cd[(size_t)i]) d[(size_t)(c0 + i)] = 1;
-        }
-      }
-    }
-  }
-
  private:
   int64_t vote_index(int64_t p) const { return (p / chunk_) * window_ + (p % chunk_ - (chunk_ - window_)); }
   // The engine's rotation of position pos (RopeTable undoes it): R(a) = F R(-a) F, F negating the second
@@ -170,7 +144,6 @@ class ChunkSnapKvScorer : public CacheContextScorer, public BudgetSplit {
   }
 
   ModelConfig cfg_;
-  int64_t chunk_;
   int window_, kernel_;
   RopeTable rope_;
   WindowQueries last_;                      // the context's last window_size queries

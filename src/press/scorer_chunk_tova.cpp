@@ -21,14 +21,13 @@
 namespace kvzap {
 namespace {
 
-class ChunkTovaScorer : public CacheContextScorer, public BudgetSplit {
+class ChunkTovaScorer : public CacheContextScorer, public ChunkBudget {
  public:
   ChunkTovaScorer(const ModelConfig& c, int64_t chunk)
-      : cfg_(c), chunk_(chunk), rope_(c), last_(c.n_layer, c.n_head, c.head_dim, 1), votes_((size_t)c.n_layer),
+      : ChunkBudget(chunk), cfg_(c), rope_(c), last_(c.n_layer, c.n_head, c.head_dim, 1), votes_((size_t)c.n_layer),
         seen_((size_t)c.n_layer) {
     if (chunk < 2) throw Error("chunk_tova's chunk_length must be >= 2, got " + std::to_string(chunk));
   }
-  std::string budget_name() const override { return "chunks of " + std::to_string(chunk_); }
 
   void reset() override {
     last_.clear();
@@ -119,30 +118,6 @@ class ChunkTovaScorer : public CacheContextScorer, public BudgetSplit {
     });
   }
 
-  void mark_evictions(const KvCache& cache, const CacheScores& scores, double ratio, EvictionMask& drop) override {
-    if (!(ratio > 0)) return;
-    const int H = cache.n_head_kv();
-    std::vector<float> cs;
-    std::vector<uint8_t> cd;
-    for (int l = 0; l < cache.n_layer(); l++) {
-      if (!judged_layer(cache, l)) continue;
-      for (int h = 0; h < H; h++) {
-        const std::vector<float>& s = scores[(size_t)l][(size_t)h];
-        std::vector<uint8_t>& d = drop[(size_t)l * H + h];
-        const int64_t T = (int64_t)s.size();
-        for (int64_t c0 = 0; c0 < T; c0 += chunk_) {
-          const int64_t n = std::min(chunk_, T - c0);
-          const int64_t kept = std::max<int64_t>(1, (int64_t)((double)n * (1.0 - ratio)));
-          cs.assign(s.begin() + c0, s.begin() + c0 + n);
-          cd.assign((size_t)n, 0);
-          mark_lowest_in_stream(cs, n - kept, cd);
-          for (int64_t i = 0; i < n; i++)
-            if (cd[(size_t)i]) d[(size_t)(c0 + i)] = 1;
-        }
-      }
-    }
-  }
-
  private:
   // The engine's rotation of position pos (RopeTable undoes it): R(a) = F R(-a) F, F negating the second
   // component of every rotated pair.
@@ -153,7 +128,6 @@ class ChunkTovaScorer : public CacheContextScorer, public BudgetSplit {
   }
 
   ModelConfig cfg_;
-  int64_t chunk_;
   RopeTable rope_;
   WindowQueries last_;                      // the context's last query
   std::vector<std::vector<float>> votes_;   // [layer][chunk][n_head][head_dim], whole chunks' last rows

@@ -109,30 +109,9 @@ class ExpectedAttentionScorer : public CacheContextScorer {
         rotated_stats(l, hk * G + g, Rs[(size_t)l], mu, cov);
         for (int64_t i = 0; i < n; i++) {
           const float* k = keys.data() + (size_t)(n_sink_ + i) * D;
-          if (!use_covariance_) {  // kvpress use_covariance=False: the mean's term alone
-            double lin = 0;
-            for (int a = 0; a < D; a++) lin += (double)k[a] * mu[(size_t)a];
-            logits[(size_t)i] = (float)(lin / std::sqrt((double)D));
-            continue;
-          }
-          std::fill(y.begin(), y.end(), 0.0f);
-          for (int b = 0; b < D; b++) {  // y = Sigma' k (Sigma' symmetric: row b times k_b)
-            const float kb = k[b];
-            const float* cb = cov.data() + (size_t)b * D;
-            for (int a = 0; a < D; a++) y[(size_t)a] += cb[a] * kb;
-          }
-          double lin = 0, quad = 0;
-          for (int a = 0; a < D; a++) {
-            lin += (double)k[a] * mu[(size_t)a];
-            quad += (double)k[a] * y[(size_t)a];
-          }
-          logits[(size_t)i] = (float)(lin / std::sqrt((double)D) + quad / (2.0 * D));
+          logits[(size_t)i] = expected_attention_logit(k, mu.data(), cov.data(), D, use_covariance_, y.data());
         }
-        float mx = -std::numeric_limits<float>::infinity();
-        for (float x : logits) mx = std::max(mx, x);
-        double sum = 0;
-        for (float& x : logits) sum += (x = std::exp(x - mx));
-        for (int64_t i = 0; i < n; i++) acc[(size_t)i] += (float)(logits[(size_t)i] / sum);
+        add_softmax(logits, acc.data());
       }
       std::vector<float>& s = out[(size_t)l][(size_t)hk];
       for (int64_t i = 0; i < n; i++) {
