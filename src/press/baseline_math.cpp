@@ -340,6 +340,30 @@ void sketched_leverage(const float* keys, int64_t n, int d, const double* phi, i
   }
 }
 
+void rotated_query_stats(const double* s1, const double* s2, double n, const double* R, int D, float* mu_out, float* cov_out) {
+  std::vector<double> mu((size_t)D), cov((size_t)D * D), tmp((size_t)D * D, 0.0);
+  for (int a = 0; a < D; a++) mu[(size_t)a] = s1[a] / n;
+  for (int a = 0; a < D; a++)
+    for (int b = 0; b < D; b++) cov[(size_t)a * D + b] = s2[(size_t)a * D + b] / n - mu[(size_t)a] * mu[(size_t)b];
+  for (int a = 0; a < D; a++) {
+    double m = 0;
+    for (int b = 0; b < D; b++) m += R[(size_t)a * D + b] * mu[(size_t)b];
+    mu_out[a] = (float)m;
+  }
+  for (int a = 0; a < D; a++)  // tmp = R cov
+    for (int c = 0; c < D; c++) {
+      const double r = R[(size_t)a * D + c];
+      if (r == 0) continue;
+      for (int b = 0; b < D; b++) tmp[(size_t)a * D + b] += r * cov[(size_t)c * D + b];
+    }
+  for (int a = 0; a < D; a++)  // cov' = tmp R^T
+    for (int b = 0; b < D; b++) {
+      double x = 0;
+      for (int c = 0; c < D; c++) x += tmp[(size_t)a * D + c] * R[(size_t)b * D + c];
+      cov_out[(size_t)a * D + b] = (float)x;
+    }
+}
+
 float expected_attention_logit(const float* k, const float* mu, const float* cov, int D, bool use_covariance, float* y) {
   if (!use_covariance) {
     double lin = 0;

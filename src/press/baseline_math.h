@@ -81,6 +81,10 @@ class WindowQueries {
 // ExpectedAttention's logit of key k (kvpress): for a query ~ N(mu, cov) (the rotated statistics),
 // k.mu / sqrt(D) + k' cov k / (2 D); without the covariance (use_covariance=False) the mean's term alone.
 // y: scratch [D]. Shared by expected_attention and chunk_expected_attention (same arithmetic, same bits).
+// The query statistics ExpectedAttention scores with: from the sums s1 [D] and s2 [D][D] of n pre-RoPE
+// queries, mean mu = s1 / n and covariance s2 / n - mu mu', rotated by the averaged RoPE matrix R [D][D]:
+// mu_out = R mu, cov_out = R cov R' (in double, stored as float).
+void rotated_query_stats(const double* s1, const double* s2, double n, const double* R, int D, float* mu_out, float* cov_out);
 float expected_attention_logit(const float* k, const float* mu, const float* cov, int D, bool use_covariance, float* y);
 // acc[i] += softmax(logits)[i] for every i (logits is overwritten).
 void add_softmax(std::vector<float>& logits, float* acc);

@@ -183,30 +183,8 @@ class ChunkExpectedAttentionScorer : public CacheContextScorer, public ChunkBudg
   void rotated_stats(const Layer& s, int h, const std::vector<double>& R, std::vector<float>& mu_out,
                      std::vector<float>& cov_out) const {
     const int D = cfg_.head_dim;
-    const double n = (double)s.n;
-    const double* s1 = &s.s1[(size_t)h * D];
-    const double* s2 = &s.s2[(size_t)h * D * D];
-    std::vector<double> mu((size_t)D), cov((size_t)D * D), tmp((size_t)D * D, 0.0);
-    for (int a = 0; a < D; a++) mu[(size_t)a] = s1[a] / n;
-    for (int a = 0; a < D; a++)
-      for (int b = 0; b < D; b++) cov[(size_t)a * D + b] = s2[(size_t)a * D + b] / n - mu[(size_t)a] * mu[(size_t)b];
-    for (int a = 0; a < D; a++) {
-      double x = 0;
-      for (int b = 0; b < D; b++) x += R[(size_t)a * D + b] * mu[(size_t)b];
-      mu_out[(size_t)a] = (float)x;
-    }
-    for (int a = 0; a < D; a++)
-      for (int c = 0; c < D; c++) {
-        const double r = R[(size_t)a * D + c];
-        if (r == 0) continue;
-        for (int b = 0; b < D; b++) tmp[(size_t)a * D + b] += r * cov[(size_t)c * D + b];
-      }
-    for (int a = 0; a < D; a++)
-      for (int b = 0; b < D; b++) {
-        double x = 0;
-        for (int c = 0; c < D; c++) x += tmp[(size_t)a * D + c] * R[(size_t)b * D + c];
-        cov_out[(size_t)a * D + b] = (float)x;
-      }
+    rotated_query_stats(&s.s1[(size_t)h * D], &s.s2[(size_t)h * D * D], (double)s.n, R.data(), D, mu_out.data(),
+                        cov_out.data());
   }
 
   ModelConfig cfg_;

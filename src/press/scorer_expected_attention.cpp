@@ -131,30 +131,8 @@ class ExpectedAttentionScorer : public CacheContextScorer {
   // mu' = Rbar mu and Sigma' = Rbar Sigma Rbar^T of query head h in layer l, as floats.
   void rotated_stats(int l, int h, const std::vector<double>& R, std::vector<float>& mu_out, std::vector<float>& cov_out) const {
     const int D = cfg_.head_dim;
-    const double n = (double)n_[(size_t)l];
-    const double* s1 = &s1_[(size_t)l][(size_t)h * D];
-    const double* s2 = &s2_[(size_t)l][(size_t)h * D * D];
-    std::vector<double> mu((size_t)D), cov((size_t)D * D), tmp((size_t)D * D, 0.0);
-    for (int a = 0; a < D; a++) mu[(size_t)a] = s1[a] / n;
-    for (int a = 0; a < D; a++)
-      for (int b = 0; b < D; b++) cov[(size_t)a * D + b] = s2[(size_t)a * D + b] / n - mu[(size_t)a] * mu[(size_t)b];
-    for (int a = 0; a < D; a++) {
-      double m = 0;
-      for (int b = 0; b < D; b++) m += R[(size_t)a * D + b] * mu[(size_t)b];
-      mu_out[(size_t)a] = (float)m;
-    }
-    for (int a = 0; a < D; a++)  // tmp = R cov
-      for (int c = 0; c < D; c++) {
-        const double r = R[(size_t)a * D + c];
-        if (r == 0) continue;
-        for (int b = 0; b < D; b++) tmp[(size_t)a * D + b] += r * cov[(size_t)c * D + b];
-      }
-    for (int a = 0; a < D; a++)  // cov' = tmp R^T
-      for (int b = 0; b < D; b++) {
-        double x = 0;
-        for (int c = 0; c < D; c++) x += tmp[(size_t)a * D + c] * R[(size_t)b * D + c];
-        cov_out[(size_t)a * D + b] = (float)x;
-      }
+    rotated_query_stats(&s1_[(size_t)l][(size_t)h * D], &s2_[(size_t)l][(size_t)h * D * D], (double)n_[(size_t)l],
+                        R.data(), D, mu_out.data(), cov_out.data());
   }
 
   ModelConfig cfg_;
