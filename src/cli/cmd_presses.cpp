@@ -3,6 +3,7 @@
 // threshold).
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_common.h"
@@ -60,6 +61,11 @@ int run_presses(bool json) {
   }
   std::printf("\nadakv_<press>: any press under AdaKV's budget (kvpress AdaKVPress), with the press's parameters and "
               "alpha_safeguard=0.2; parity in docs/PARITY.md\n");
+  const auto gaps = kvpress_gaps();
+  std::printf("\nkvpress presses kvzap does not have (%zu):\n", gaps.size());
+  size_t gw = 0;
+  for (const KvpressGap& g : gaps) gw = std::max(gw, std::strlen(g.kvpress_class));
+  for (const KvpressGap& g : gaps) std::printf("  %-*s  %s\n", (int)gw, g.kvpress_class, g.reason);
   return 0;
 }
 

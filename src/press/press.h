@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -195,6 +196,16 @@ int64_t press_min_context(const PressSpec& spec);
 struct RegisterScorer {
   explicit RegisterScorer(ScorerEntry e) { scorer_registry().push_back(std::move(e)); }
 };
+
+// A press kvpress ships that kvzap does not have, and why (press/kvpress_gaps.cpp).
+struct KvpressGap {
+  const char* kvpress_class;  // "QFilterPress"
+  const char* name;           // the name it would have here ("qfilter")
+  const char* reason;
+};
+std::span<const KvpressGap> kvpress_gaps();
+// The gap a press name refers to (its name or kvpress's class name, any case, "Press" optional), or null.
+const KvpressGap* find_kvpress_gap(const std::string& press_name);
 
 // KVzap surrogate folder for `kind` ("linear" | "mlp"): opt.surrogate_dir, else the one shipped for the
 // model under data/surrogates/ (throws kvzap::Error telling the user to pass --surrogate otherwise).

@@ -82,8 +82,11 @@ std::unique_ptr<Press> make_press(const PressSpec& options, const Model& model) 
   PressSpec opt = options;
   // "adakv_<press>": any registered press under the AdaKV budget (press/scorer_adakv.cpp).
   const ScorerEntry* found = find_press_entry(opt.name);
-  if (!found)
+  if (!found) {
+    if (const KvpressGap* gap = find_kvpress_gap(opt.name))
+      throw Error("press '" + opt.name + "': kvpress's " + gap->kvpress_class + " is not in kvzap: " + gap->reason);
     throw Error("unknown press '" + opt.name + "' (known presses: " + known_presses() + "; adakv_<press> for AdaKV)");
+  }
   const ScorerEntry& entry = *found;
   const bool wrap_adakv = entry.name != opt.name;
   // No setting given: the press's default threshold, if the registry gives it one (KVzap: calibrated).
