@@ -10,7 +10,7 @@
 #include <cstring>
 #include <string>
 
-#include "cache/cache_file.h"
+#include "engine/cache_file.h"
 #include "cache/page_pool.h"
 #include "common/sha256.h"
 #include "fuzz_common.h"

@@ -430,9 +430,11 @@ async def run_workload(base: str, args, prompts: list[str]) -> dict:
                 records.append(rec)  # appended first: a cancelled request keeps what it received
                 await one_request(client, base, args, i, prompts[i % len(prompts)], args.max_tokens, rec)
 
-        # kvzap's /metrics sampled while the workload runs: peak concurrency and KV use (capacity runs).
+        # /metrics sampled while the workload runs: peak concurrency and KV use (capacity runs). kvzap's
+        # names, and llama-server's (requests_processing = slots busy, requests_deferred = queued).
         peaks = {"kvzap:num_requests_running": 0.0, "kvzap:kv_cache_usage_perc": 0.0,
-                 "kvzap:num_requests_waiting": 0.0, "kvzap:kv_bytes_resident": 0.0}
+                 "kvzap:num_requests_waiting": 0.0, "kvzap:kv_bytes_resident": 0.0,
+                 "llamacpp:requests_processing": 0.0, "llamacpp:requests_deferred": 0.0}
         stop_sampling = asyncio.Event()
 
         async def sampler() -> None:
@@ -690,6 +692,11 @@ def main() -> int:
                     log(f"  kvzap peaks while running: {pk['kvzap:num_requests_running']:.0f} requests running, "
                         f"{pk['kvzap:num_requests_waiting']:.0f} waiting, KV usage {100 * pk['kvzap:kv_cache_usage_perc']:.1f}% "
                         f"of the budget, preemptions {summary['preemptions']}")
+                if kind == "llama":
+                    pk = work["metric_peaks"]
+                    summary["peak_running"] = pk["llamacpp:requests_processing"]
+                    log(f"  llama-server peaks while running: {pk['llamacpp:requests_processing']:.0f} requests "
+                        f"processing, {pk['llamacpp:requests_deferred']:.0f} deferred")
                 if summary["requests_short_of_max_tokens"]:
                     log(f"  warning: {summary['requests_short_of_max_tokens']} requests ended before --max-tokens "
                         "(ignore_eos not honoured?)")

@@ -15,13 +15,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cache/cache_file.h"
+#include "engine/cache_file.h"
 #include "cache/page_pool.h"
 #include "chat/chat_prompt.h"
 #include "common/data_dir.h"
 #include "common/json_fields.h"
 #include "engine/context_recording.h"
-#include "engine/model_store.h"
+#include "fetch/model_store.h"
 #include "engine/pipeline.h"
 #include "engine/session.h"
 #include "eval/ruler.h"

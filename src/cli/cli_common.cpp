@@ -4,7 +4,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "engine/model_store.h"
+#include "fetch/model_store.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvzap::cli {

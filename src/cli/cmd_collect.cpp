@@ -9,7 +9,7 @@
 #include "cli/cli_common.h"
 #include "common/atomic_file.h"
 #include "common/progress.h"
-#include "engine/model_store.h"
+#include "fetch/model_store.h"
 #include "train/targets.h"
 
 namespace kvzap::cli {

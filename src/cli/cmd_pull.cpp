@@ -7,8 +7,8 @@
 #include <string>
 
 #include "cli/command.h"
-#include "engine/model_catalogue.h"
-#include "engine/model_store.h"
+#include "fetch/model_catalogue.h"
+#include "fetch/model_store.h"
 
 namespace kvzap::cli {
 namespace {

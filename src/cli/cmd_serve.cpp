@@ -11,7 +11,7 @@
 
 #include "cli/cli_common.h"
 #include "engine/engine.h"
-#include "engine/model_store.h"
+#include "fetch/model_store.h"
 #include "server/http_server.h"
 #include "server/scheduler.h"
 

@@ -15,7 +15,7 @@
 
 #include "chat/chat_prompt.h"
 #include "cli/command.h"
-#include "engine/model_store.h"
+#include "fetch/model_store.h"
 #include "format/gguf.h"
 #include "format/hf_checkpoint.h"
 #include "kvzap/error.h"

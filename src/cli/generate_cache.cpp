@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-#include "cache/cache_file.h"
+#include "engine/cache_file.h"
 
 namespace kvzap::cli {
 

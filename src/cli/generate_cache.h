@@ -1,4 +1,4 @@
-// `generate --save-cache F` / `--load-cache F`: the compressed context as a file (cache/cache_file.h),
+// `generate --save-cache F` / `--load-cache F`: the compressed context as a file (engine/cache_file.h),
 // in the same format as the server's /slots/save, so a context is compressed once and reused later.
 #pragma once
 #include <string>

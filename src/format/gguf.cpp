@@ -16,52 +16,6 @@
 
 namespace kvzap {
 
-namespace {
-
-struct TypeTraits {
-  GgmlType type;
-  const char* name;
-  int64_t block_size;
-  int64_t block_bytes;
-  bool supported;
-};
-
-constexpr TypeTraits kTypes[] = {
-    {GgmlType::F32, "F32", 1, 4, true},        {GgmlType::F16, "F16", 1, 2, true},
-    {GgmlType::BF16, "BF16", 1, 2, true},      {GgmlType::Q4_0, "Q4_0", 32, 18, true},
-    {GgmlType::Q4_1, "Q4_1", 32, 20, true},    {GgmlType::Q5_0, "Q5_0", 32, 22, true},
-    {GgmlType::Q5_1, "Q5_1", 32, 24, true},    {GgmlType::Q8_0, "Q8_0", 32, 34, true},
-    {GgmlType::Q8_1, "Q8_1", 32, 36, false},   {GgmlType::Q2_K, "Q2_K", 256, 84, false},
-    {GgmlType::Q3_K, "Q3_K", 256, 110, false}, {GgmlType::Q4_K, "Q4_K", 256, 144, true},
-    {GgmlType::Q5_K, "Q5_K", 256, 176, true},  {GgmlType::Q6_K, "Q6_K", 256, 210, true},
-    {GgmlType::Q8_K, "Q8_K", 256, 292, false},
-};
-
-const TypeTraits* traits(GgmlType t) {
-  for (const auto& tt : kTypes)
-    if (tt.type == t) return &tt;
-  return nullptr;
-}
-
-}  // namespace
-
-const char* type_name(GgmlType t) {
-  const TypeTraits* tt = traits(t);
-  return tt ? tt->name : "unknown";
-}
-bool is_supported_type(GgmlType t) {
-  const TypeTraits* tt = traits(t);
-  return tt && tt->supported;
-}
-int64_t type_block_size(GgmlType t) {
-  const TypeTraits* tt = traits(t);
-  return tt ? tt->block_size : 0;
-}
-int64_t type_block_bytes(GgmlType t) {
-  const TypeTraits* tt = traits(t);
-  return tt ? tt->block_bytes : 0;
-}
-
 namespace gguf {
 
 const char* value_type_name(uint32_t type) {
@@ -315,7 +269,7 @@ class Parser {
     }
     const uint32_t type_id = read<uint32_t>("tensor type");
     t.type = (GgmlType)type_id;
-    if (!traits(t.type)) fail(what + " has unknown ggml type " + std::to_string(type_id));
+    if (!is_known_type(t.type)) fail(what + " has unknown ggml type " + std::to_string(type_id));
     if (!is_supported_type(t.type)) fail(what + " has unsupported type " + type_name(t.type));
     const int64_t bs = type_block_size(t.type), bb = type_block_bytes(t.type);
     if (t.ne[0] % bs != 0)

@@ -10,20 +10,10 @@
 #include <variant>
 #include <vector>
 
+#include "kernels/ggml_type.h"  // the tensor types a GGUF file names
 #include "kvzap/error.h"
 
 namespace kvzap {
-
-// ggml type ids (ggml docs/gguf.md). Only the ones listed in is_supported_type() can be loaded.
-enum class GgmlType : uint32_t {
-  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
-  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15, BF16 = 30,
-};
-const char* type_name(GgmlType t);
-bool is_supported_type(GgmlType t);  // F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K
-int64_t type_block_size(GgmlType t);   // elements per block (1 for float types)
-int64_t type_block_bytes(GgmlType t);  // bytes per block
-inline int64_t row_bytes(GgmlType t, int64_t n) { return n / type_block_size(t) * type_block_bytes(t); }
 
 namespace gguf {
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "format/gguf.h"
+#include "kernels/ggml_type.h"
 #include "kernels/thread_pool.h"
 
 namespace kvzap {

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "common/fp16.h"
-#include "format/gguf.h"
+#include "kernels/ggml_type.h"
 
 namespace kvzap::kernels {
 

@@ -13,7 +13,7 @@
 #include <ctime>
 #include <filesystem>
 
-#include "cache/cache_file.h"
+#include "engine/cache_file.h"
 #include "engine/engine.h"
 #include "model/model.h"
 #include "server/api_error.h"

@@ -438,7 +438,7 @@ def explained_by_ties(k_kept, p_kept, score_row, rel=1e-5, chunk=None):
 # ---------------------------------------------------------------------------------------------
 
 def read_cache_file(path):
-    """Kept positions [layer][head] from a `--save-cache` file (src/cache/cache_file.h, version 2)."""
+    """Kept positions [layer][head] from a `--save-cache` file (src/engine/cache_file.h, version 2)."""
     b = open(path, "rb").read()
     assert b[:8] == b"KVZCACHE", "not a kvzap cache file"
     version, header_bytes = struct.unpack_from("<II", b, 8)

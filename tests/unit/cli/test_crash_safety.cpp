@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "cache/cache_file.h"
+#include "engine/cache_file.h"
 #include "kvzap/error.h"
 #include "model/model.h"
 #include "press/surrogate.h"

@@ -1,11 +1,11 @@
 // Run-time data folder (common/data_dir.h) and model names as the Python package spells them
-// (engine/model_catalogue.h).
+// (fetch/model_catalogue.h).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 
 #include "common/data_dir.h"
-#include "engine/model_catalogue.h"
+#include "fetch/model_catalogue.h"
 
 namespace kvzap {
 

@@ -22,7 +22,7 @@
 
 #include "cache/kv_cache.h"
 #include "common/fp16.h"
-#include "engine/model_store.h"
+#include "fetch/model_store.h"
 #include "engine/session.h"
 #include "kvzap/error.h"
 #include "model/model.h"

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "cache/kv_cache.h"
-#include "engine/model_store.h"
+#include "fetch/model_store.h"
 #include "engine/session.h"
 #include "kvzap/error.h"
 #include "model/forward.h"

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "cache/cache_file.h"
+#include "engine/cache_file.h"
 #include "engine/engine.h"
 #include "model/model.h"
 #include "press/press.h"

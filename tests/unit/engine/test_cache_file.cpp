@@ -1,4 +1,4 @@
-// Saved compressed caches (src/cache/cache_file.h): a pruned cache round-trips exactly (entries,
+// Saved compressed caches (src/engine/cache_file.h): a pruned cache round-trips exactly (entries,
 // positions, n_past, tokens, logits); a truncated, corrupt, other-version or foreign-model file is
 // refused with a one-line error and leaves nothing behind.
 #include <gtest/gtest.h>
@@ -13,7 +13,7 @@
 #include <fstream>
 #include <random>
 
-#include "cache/cache_file.h"
+#include "engine/cache_file.h"
 #include "common/sha256.h"
 #include "kvzap/error.h"
 #include "model/model.h"

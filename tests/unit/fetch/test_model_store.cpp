@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "common/sha256.h"
-#include "engine/model_store.h"
+#include "fetch/model_store.h"
 #include "format/zip.h"
 #include "test_support.h"
 

@@ -1,4 +1,4 @@
-#include "cache/cache_file.h"
+#include "engine/cache_file.h"
 
 #include <cstdio>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "engine/model_store.h"
+#include "fetch/model_store.h"
 
 #include <pwd.h>
 #include <spawn.h>
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "common/sha256.h"
-#include "engine/model_catalogue.h"
+#include "fetch/model_catalogue.h"
 #include "format/zip.h"
 #include "kvzap/error.h"
 

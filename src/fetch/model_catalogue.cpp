@@ -1,4 +1,4 @@
-#include "engine/model_catalogue.h"
+#include "fetch/model_catalogue.h"
 
 #include <unistd.h>
 
@@ -15,7 +15,7 @@
 
 #include "common/progress.h"
 #include "common/sha256.h"
-#include "engine/model_store.h"
+#include "fetch/model_store.h"
 #include "format/zip.h"
 #include "kvzap/error.h"
 
