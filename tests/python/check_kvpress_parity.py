@@ -224,6 +224,8 @@ def presses():
         variant="threshold=0.00105")
     add("dms_tova", None, lambda r: K.DMSPress(K.TOVAPress(), threshold=0.00074), threshold=0.00074,
         variant="threshold=0.00074")
+    add("dms_knorm", None, lambda r: K.DMSPress(K.KnormPress(), threshold=-4.5), threshold=-4.6, expect="differ",
+        why="negative control: a threshold 0.1 apart must be told apart", variant="threshold=-4.6 against kvpress -4.5")
     # Negative control: a different press must be told apart (the comparison can fail).
     # SimLayerKV sets its own budget (no ratio, scope None): kvpress's defaults (lazy_threshold 1, n_recent
     # 1024) leave these contexts whole. Here 14 of the 24 (context, layer) pairs are lazy (8 on llama, 6 on
