@@ -133,18 +133,20 @@ __all__ += ["ChunkPress", "BlockPress", "CriticalKVPress", "CriticalAdaKVPress"]
 
 
 class DMSPress(BasePress):
-    """DMSPress(press, threshold, decoding=False, sliding_window_size=128): the threshold policy over a
-    per-token scorer, as kvpress's DMSPress (the engine's threshold policy)."""
+    """DMSPress(press, threshold, sliding_window_size=128, decoding=False): entries the press scores below
+    the threshold are evicted, the most recent sliding_window_size tokens kept, as kvpress's DMSPress (the
+    registry's dms_<press>; decoding=True needs a per-token press)."""
 
     def __init__(self, press: BasePress, threshold: Optional[float] = None, decoding: Optional[bool] = None,
                  sliding_window_size: Optional[int] = None, **kwargs: Any):
         if not isinstance(press, BasePress):
             raise Error(f"DMSPress: press must be a kvzap press, got {type(press).__name__}")
-        inner = {k: v for k, v in press.spec.items() if k not in ("ratio",)}
-        self.press_name = press.spec["press"]
+        inner = {k: v for k, v in press.spec.items() if k not in ("press", "ratio", "ratio_scope")}
+        name = press.spec["press"]
+        self.press_name = name if name.startswith("dms_") else "dms_" + name
         self._kwargs = {"press": press, "threshold": threshold, "decoding": decoding,
                         "sliding_window_size": sliding_window_size, **kwargs}
-        spec = {**inner, **_spec_fields({"threshold": threshold, "decoding": decoding,
+        spec = {"press": self.press_name, **inner, **_spec_fields({"threshold": threshold, "decoding": decoding,
                                          "sliding_window_size": sliding_window_size, **kwargs})}
         self.spec = json.loads(_kvzap.press_spec_normalize(json.dumps(spec)))
 

@@ -61,6 +61,10 @@ int run_presses(bool json) {
   }
   std::printf("\nadakv_<press>: any press under AdaKV's budget (kvpress AdaKVPress), with the press's parameters and "
               "alpha_safeguard=0.2; parity in docs/PARITY.md\n");
+  std::printf("dms_<press>: any press's scores under a threshold (kvpress DMSPress; policy: threshold, window=128 most "
+              "recent tokens kept; a per-token press also with --decode-press, a whole-context press judged once the "
+              "context is prefilled), with the press's parameters; kvpress parity: exact for dms_knorm, dms_keydiff, "
+              "dms_snapkv and dms_tova (docs/PARITY.md)\n");
   const auto gaps = kvpress_gaps();
   std::printf("\nkvpress presses kvzap does not have (%zu):\n", gaps.size());
   size_t gw = 0;

@@ -413,10 +413,14 @@ std::vector<PressSpec> plan_sweep(const std::vector<std::string>& presses, const
     }
     if (name == "none" || name == "no_press") continue;  // the full-cache cell is separate
     const ScorerEntry* e = find_scorer(name);
+    // dms_<press> (kvpress DMSPress): any press by threshold, never by ratio (make_press says why).
+    const bool dms = !e && is_dms_name(name) && find_press_entry(name);
+    if (dms) e = find_press_entry(name);
     if (!e) throw Error("unknown press '" + name + "' (see `kvzap presses`)");
-    bool by_threshold = e->supports_threshold && e->traits.threshold_by_default;
+    const bool takes_threshold = e->supports_threshold || dms;
+    bool by_threshold = takes_threshold && press_traits(name).threshold_by_default;
     if (forced == "threshold") {
-      if (!e->supports_threshold) throw Error("press '" + name + "' cannot use a threshold");
+      if (!takes_threshold) throw Error("press '" + name + "' cannot use a threshold");
       by_threshold = true;
     } else if (forced == "ratio") {
       by_threshold = false;
@@ -438,6 +442,7 @@ std::vector<PressSpec> plan_sweep(const std::vector<std::string>& presses, const
       o.ratio_scope = scope == "kvpress" ? kvpress_ratio_scope(name) : scope;
       parse_ratio_scope(o.ratio_scope);       // fail on a typo before anything runs
       if (!by_threshold) o.decoding = false, o.prefill_evict_every = 0;  // both are the threshold policy's
+      if (judges_whole_contexts(o)) o.prefill_evict_every = 0;  // dms_<context press>: judged once prefilled
       const std::string dir = cell_dir_name(&o);
       bool dup = false;
       for (const PressSpec& c : cells) dup = dup || (!c.name.empty() && cell_dir_name(&c) == dir);

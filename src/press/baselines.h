@@ -129,6 +129,11 @@ std::unique_ptr<Scorer> make_pyramidkv_scorer(const ModelConfig& c, int window =
 std::unique_ptr<Scorer> make_adakv_scorer(std::unique_ptr<Scorer> inner, double alpha_safeguard = kAdaKvSafeguard);
 // The alpha_safeguard press parameter every AdaKV press declares.
 PressParam adakv_alpha_safeguard_param();
+// DMS (kvpress DMSPress) around a context scorer: once the context is prefilled, evicts every entry scoring
+// < threshold except the last `window` positions of the context and positions < sink_tokens (a BudgetSplit
+// taking no ratio). Per-token scorers need no wrapper: dms_<press> runs them under the threshold policy.
+std::unique_ptr<Scorer> make_dms_context_scorer(std::unique_ptr<Scorer> inner, double threshold, int window,
+                                                int sink_tokens);
 std::unique_ptr<Scorer> make_keydiff_scorer();
 std::unique_ptr<Scorer> make_lagkv_scorer(int64_t n_sink = 4, int64_t lag_size = 128);
 std::unique_ptr<Scorer> make_chunkkv_scorer(const ModelConfig& c, int64_t chunk_length = 20);

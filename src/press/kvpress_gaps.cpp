@@ -52,7 +52,6 @@ std::span<const KvpressGap> kvpress_gaps() {
        "a ratio target every N generated tokens; not done yet (see DecodingPress)"},
       {"PrefillDecodingPress", "prefill_decoding",
        "one press for the prefill and another while decoding; not done yet (see DecodingPress)"},
-      {"DMSPress", "dms", "a threshold and a sliding window around any scorer; not done yet"},
       {"PerLayerCompressionPress", "per_layer_compression", "a ratio per layer around any scorer; not done yet"},
       {"ComposedPress", "composed", "presses chained at each layer; not done yet"},
   };

@@ -166,6 +166,9 @@ struct PressTraits {
   // Parameters under which the press prunes a short context (a few hundred tokens): the setting the tests
   // that run every press give a press with its own budget (whose defaults may leave such a context whole).
   std::map<std::string, double> demo_params;
+  // "dms_<context scorer>" (kvpress DMSPress around a press that scores the whole context): a threshold judged
+  // once the context is prefilled, under the ratio policy's context protocol (press/scorer_dms.cpp).
+  bool threshold_on_context = false;
   // How its kept sets compare with kvpress's (tests/python/check_kvpress_parity.py, docs/PARITY.md), shown by
   // `kvzap presses`; empty = not compared.
   std::string kvpress_parity;
@@ -180,14 +183,21 @@ struct ScorerEntry {
   PressTraits traits = {};
 };
 std::vector<ScorerEntry>& scorer_registry();
-// The entry a press name runs: its own, or for "adakv_<press>" (when not registered as such) the
-// wrapped press's. Null if unknown.
+// The entry a press name runs: its own, or for "adakv_<press>" / "dms_<press>" (when not registered as
+// such) the wrapped press's. Null if unknown.
 const ScorerEntry* find_press_entry(const std::string& name);
 // find_press_entry(name)'s traits, or the defaults for an unknown name (make_press refuses it).
 const PressTraits& press_traits(const std::string& name);
 // Whether the spec's press judges whole contexts once prefilled (a ratio, or its own budget): evicting
 // while prefilling (prefill_evict_every) does not apply to it.
-inline bool judges_whole_contexts(const PressSpec& s) { return s.has_ratio || press_traits(s.name).own_budget; }
+inline bool judges_whole_contexts(const PressSpec& s) {
+  const PressTraits& t = press_traits(s.name);
+  return s.has_ratio || t.own_budget || t.threshold_on_context;
+}
+// kvpress DMSPress(press): "dms_<press>" runs any registered press's scores under a threshold with a protected
+// window of the most recent tokens. True for such a name (whether or not the inner press exists).
+inline constexpr const char* kDmsPrefix = "dms_";
+bool is_dms_name(const std::string& name);
 // The value of a parameter the press declares: the spec's, else the registry's default. Throws
 // kvzap::Error (internal) for an undeclared name.
 double press_param(const PressSpec& spec, const std::string& name);

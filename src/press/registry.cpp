@@ -29,6 +29,15 @@ std::string known_presses() {
   return s;
 }
 
+// What docs/PARITY.md measured for dms_<press> (tests/python/check_kvpress_parity.py): the threshold is
+// exact wherever the press's scores are (no ties to break, unlike a ratio).
+std::string dms_parity(const ScorerEntry& e) {
+  if (e.traits.own_budget) return "";
+  for (const char* measured : {"knorm", "keydiff", "snapkv", "tova"})
+    if (e.name == measured) return "exact (kvpress DMSPress(" + e.name + "))";
+  return "not compared: as the press's own scores (kvpress DMSPress; docs/PARITY.md)";
+}
+
 std::string number(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%g", v);
@@ -37,6 +46,12 @@ std::string number(double v) {
 
 }  // namespace
 
+bool is_dms_name(const std::string& name) {
+  if (name.rfind(kDmsPrefix, 0) != 0) return false;
+  const auto& reg = scorer_registry();
+  return std::none_of(reg.begin(), reg.end(), [&](const ScorerEntry& e) { return e.name == name; });
+}
+
 const ScorerEntry* find_press_entry(const std::string& name) {
   const auto& reg = scorer_registry();
   auto find = [&](const std::string& n) -> const ScorerEntry* {
@@ -44,6 +59,7 @@ const ScorerEntry* find_press_entry(const std::string& name) {
     return it == reg.end() ? nullptr : &*it;
   };
   if (const ScorerEntry* e = find(name)) return e;
+  if (is_dms_name(name)) return find(name.substr(std::string(kDmsPrefix).size()));
   const std::string ada_prefix = "adakv_";
   if (name.rfind(ada_prefix, 0) == 0) return find(name.substr(ada_prefix.size()));
   return nullptr;
@@ -54,13 +70,24 @@ const PressTraits& press_traits(const std::string& name) {
   const ScorerEntry* e = find_press_entry(name);
   if (!e) return defaults;
   if (e->name == name) return e->traits;
+  static std::mutex mu;
+  static std::map<std::string, PressTraits> wrapped;  // node-based: references stay valid
+  std::lock_guard<std::mutex> lock(mu);
+  if (is_dms_name(name)) {
+    // "dms_<press>": the press's parameters, run by threshold (kvpress DMSPress takes no ratio); a context
+    // scorer is judged once its context is prefilled.
+    auto [it, fresh] = wrapped.try_emplace(name, e->traits);
+    if (fresh) {
+      it->second.threshold_by_default = true;
+      it->second.threshold_on_context = !e->supports_threshold;
+      it->second.kvpress_parity = dms_parity(*e);
+    }
+    return it->second;
+  }
   // "adakv_<press>" wrapping a registered press: its traits and AdaKV's alpha_safeguard, unless the
   // press is an AdaKV press already (it declares the parameter itself).
   for (const PressParam& p : e->traits.params)
     if (p.name == "alpha_safeguard") return e->traits;
-  static std::mutex mu;
-  static std::map<std::string, PressTraits> wrapped;  // node-based: references stay valid
-  std::lock_guard<std::mutex> lock(mu);
   auto [it, fresh] = wrapped.try_emplace(e->name, e->traits);
   if (fresh) it->second.params.push_back(adakv_alpha_safeguard_param());
   return it->second;
@@ -78,6 +105,47 @@ int64_t press_min_context(const PressSpec& spec) {
   return t.min_context_param.empty() ? t.min_context_tokens : (int64_t)press_param(spec, t.min_context_param);
 }
 
+namespace {
+
+// "dms_<press>" (kvpress DMSPress(press, threshold, sliding_window_size, decoding)): the press's raw scores
+// against a threshold, the most recent `window` tokens protected. A per-token scorer runs under the threshold
+// policy as it is (it is DMSPress, decoding included); a context scorer is judged once its context is
+// prefilled (kvpress scores the one-pass prefill), by the ratio policy's protocol with a threshold split.
+std::unique_ptr<Press> make_dms_press(const ScorerEntry& entry, PressSpec opt, const Model& model) {
+  if (entry.traits.own_budget)
+    throw Error("press '" + entry.name + "' sets its own budget and cannot be wrapped in DMS (" + opt.name + ")");
+  if (opt.has_ratio)
+    throw Error("press '" + opt.name + "' evicts by threshold (kvpress DMSPress) and takes no ratio: give it a threshold");
+  if (!opt.has_threshold && entry.traits.default_threshold) {
+    if (const std::optional<double> t = entry.traits.default_threshold(opt, model)) {
+      opt.has_threshold = true;
+      opt.threshold = *t;
+    }
+  }
+  if (!opt.has_threshold)
+    throw Error("press '" + opt.name + "' needs a threshold (kvpress DMSPress(press, threshold=...)): entries of the "
+                "press scoring below it are evicted");
+  if (std::isnan(opt.threshold)) throw Error("the threshold must be a number");
+  if (opt.window < 0) throw Error("the window must be >= 0, got " + std::to_string(opt.window));
+  if (entry.supports_threshold) {
+    std::unique_ptr<Scorer> scorer = entry.make(opt, model);
+    if (!scorer->per_step()) throw Error("internal: press '" + entry.name + "' supports a threshold but is not a per-step scorer");
+    return make_threshold_press(std::move(scorer), opt);
+  }
+  if (opt.decoding)
+    throw Error("press '" + opt.name + "' scores the whole context at once: it cannot prune while decoding (decoding "
+                "needs a per-token press, e.g. dms_knorm)");
+  if (opt.prefill_evict_every > 0)
+    throw Error("press '" + opt.name + "' judges the whole context once it is complete: prefill_evict_every does not apply");
+  const Model* m = &model;
+  ScorerFactory make_scorer = [make = entry.make, opt, m]() {
+    return make_dms_context_scorer(make(opt, *m), opt.threshold, opt.window, opt.sink_tokens);
+  };
+  return make_ratio_press(make_scorer, opt);
+}
+
+}  // namespace
+
 std::unique_ptr<Press> make_press(const PressSpec& options, const Model& model) {
   PressSpec opt = options;
   // "adakv_<press>": any registered press under the AdaKV budget (press/scorer_adakv.cpp).
@@ -85,9 +153,10 @@ std::unique_ptr<Press> make_press(const PressSpec& options, const Model& model) 
   if (!found) {
     if (const KvpressGap* gap = find_kvpress_gap(opt.name))
       throw Error("press '" + opt.name + "': kvpress's " + gap->kvpress_class + " is not in kvzap: " + gap->reason);
-    throw Error("unknown press '" + opt.name + "' (known presses: " + known_presses() + "; adakv_<press> for AdaKV)");
+    throw Error("unknown press '" + opt.name + "' (known presses: " + known_presses() + "; adakv_<press> for AdaKV, dms_<press> for DMS)");
   }
   const ScorerEntry& entry = *found;
+  if (is_dms_name(opt.name)) return make_dms_press(entry, opt, model);
   const bool wrap_adakv = entry.name != opt.name;
   // No setting given: the press's default threshold, if the registry gives it one (KVzap: calibrated).
   if (!opt.has_threshold && !opt.has_ratio && entry.traits.default_threshold && !wrap_adakv) {

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """kvzap's presses against NVIDIA kvpress on tiny random Hugging Face checkpoints (docs/PARITY.md).
 
-For every press both have, the same compression ratio is run by kvpress (the installed package, on
-transformers, f32 on the CPU) and by kvzap (`kvzap generate --json --kv-type f32`) on the same folder
+For every press both have, the same compression ratio (or, for DMSPress, the same threshold) is run by
+kvpress (the installed package, on transformers, f32 on the CPU) and by kvzap (`kvzap generate --json --kv-type f32`) on the same folder
 and the same token ids, and compared:
   * the kept set of every (layer, KV head): Jaccard |A n B| / |A u B| of the context positions kept;
   * the answer: the greedy tokens generated after the compressed context (kvpress's pipeline way:
@@ -70,10 +70,12 @@ def presses():
     ea = lambda: K.ExpectedAttentionPress(epsilon=1e-2)  # noqa: E731  (kvzap's epsilon: kvpress's leaderboard setting)
     P = []
 
-    def add(name, scope, make, attn="sdpa", expect="exact", why="", variant="", params=None):
+    def add(name, scope, make, attn="sdpa", expect="exact", why="", variant="", params=None, threshold=None,
+            window=None):
         # params: the press's own kvpress arguments, given to kvzap as --press-param NAME=VALUE.
+        # threshold / window: a threshold press (kvpress DMSPress), run by kvzap with --threshold / --window.
         P.append(dict(name=name, scope=scope, make=make, attn=attn, expect=expect, why=why, variant=variant,
-                      params=params or {}))
+                      params=params or {}, threshold=threshold, window=window))
 
     add("knorm", "head", lambda r: K.KnormPress(compression_ratio=r))
     add("streaming_llm", "head", lambda r: K.StreamingLLMPress(compression_ratio=r))
@@ -209,6 +211,21 @@ def presses():
     add("chunk_expected_attention", "head",
         lambda r: K.ChunkPress(press=K.ExpectedAttentionPress(compression_ratio=r, epsilon=0.0), chunk_length=100),
         variant="chunk_length=100 epsilon=0", params={"chunk_length": 100, "epsilon": 0})
+    # DMSPress(press, threshold): the press's raw scores below the threshold evicted outside the last
+    # sliding_window_size tokens (kvpress masks them, kvzap frees them). Thresholds near the median score of
+    # these models (about half of the judged entries evicted).
+    add("dms_knorm", None, lambda r: K.DMSPress(K.KnormPress(), threshold=-4.6), threshold=-4.6,
+        variant="threshold=-4.6")
+    add("dms_knorm", None, lambda r: K.DMSPress(K.KnormPress(), threshold=-4.6, sliding_window_size=32),
+        threshold=-4.6, window=32, variant="threshold=-4.6 sliding_window_size=32")
+    add("dms_keydiff", None, lambda r: K.DMSPress(K.KeyDiffPress(), threshold=-0.15), threshold=-0.15,
+        variant="threshold=-0.15")
+    add("dms_snapkv", None, lambda r: K.DMSPress(sn(), threshold=0.00105), threshold=0.00105,
+        variant="threshold=0.00105")
+    add("dms_tova", None, lambda r: K.DMSPress(K.TOVAPress(), threshold=0.00074), threshold=0.00074,
+        variant="threshold=0.00074")
+    add("dms_knorm", None, lambda r: K.DMSPress(K.KnormPress(), threshold=-4.5), threshold=-4.6, expect="differ",
+        why="negative control: a threshold 0.1 apart must be told apart", variant="threshold=-4.6 against kvpress -4.5")
     # Negative control: a different press must be told apart (the comparison can fail).
     # SimLayerKV sets its own budget (no ratio, scope None): kvpress's defaults (lazy_threshold 1, n_recent
     # 1024) leave these contexts whole. Here 14 of the 24 (context, layer) pairs are lazy (8 on llama, 6 on
@@ -459,14 +476,16 @@ def read_cache_file(path):
     return kept
 
 
-def kvzap_run(d, text, name, scope, tmp, n_answer, params=None):
+def kvzap_run(d, text, name, scope, tmp, n_answer, params=None, threshold=None, window=None):
     cache, ctx = os.path.join(tmp, "kvzap.cache"), os.path.join(tmp, "context.txt")
     with open(ctx, "w", encoding="utf-8") as f:
         f.write(text)
     args = [kvzap_bin(), "generate", "-m", d, "--context-file", ctx, "--question", QUESTION, "--chat",
             "--press", name, "--temp", "0", "-n", str(n_answer), "--json", "--kept-positions", "--kv-type", "f32",
             "-c", "4096", "-t", "2", "--save-cache", cache]
-    if scope is not None:  # None: a press that sets its own budget takes no ratio
+    if threshold is not None:  # a threshold press (DMSPress)
+        args += ["--threshold", repr(threshold)] + (["--window", str(window)] if window is not None else [])
+    elif scope is not None:  # None: a press that sets its own budget takes no ratio
         args += ["--ratio", str(RATIO), "--ratio-scope", scope]
     for k, v in (params or {}).items():
         args += ["--press-param", "%s=%s" % (k, v)]
@@ -528,7 +547,8 @@ def main():
                 tie_heads, tie_contexts, answer_diff_contexts = 0, set(), set()
                 try:
                     for c, (text, ids) in enumerate(zip(texts, ctx_ids)):
-                        k_ids, k_kept, k_answer = kvzap_run(d, text, P["name"], P["scope"], tmp, N_ANSWER, P["params"])
+                        k_ids, k_kept, k_answer = kvzap_run(d, text, P["name"], P["scope"], tmp, N_ANSWER, P["params"],
+                                                              P["threshold"], P["window"])
                         if k_ids is not None and k_ids != ids:
                             raise RuntimeError("context %d: kvzap's token ids differ from the tokenizer's" % c)
                         torch.manual_seed(0)

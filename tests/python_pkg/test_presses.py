@@ -70,8 +70,13 @@ def test_wrappers():
     ada = kvzap.AdaKVPress(kvzap.SnapKVPress(compression_ratio=0.5))
     assert ada.spec["press"] == "adakv_snapkv" and ada.spec["ratio"] == 0.5
     dms = kvzap.DMSPress(kvzap.KnormPress(), threshold=-3.0, decoding=True, sliding_window_size=64)
-    assert dms.spec["press"] == "knorm" and dms.spec["threshold"] == -3.0
+    assert dms.spec["press"] == "dms_knorm" and dms.spec["threshold"] == -3.0
     assert dms.spec["decoding"] is True and dms.spec["window"] == 64
+    # DMSPress(press) is the registry's dms_<press> around any press; the press's arguments pass through.
+    dsnap = kvzap.DMSPress(kvzap.SnapKVPress(window_size=32), threshold=0.001)
+    assert dsnap.spec["press"] == "dms_snapkv" and dsnap.spec["window_size"] == 32 and dsnap.spec["window"] == 128
+    with pytest.raises(kvzap.Error, match="window_size"):
+        kvzap.DMSPress(kvzap.SnapKVPress(), threshold=0.001, window_size=0)
     kz = kvzap.KVzapPress(model_type="linear", threshold=-4)
     assert kz.spec["press"] == "kvzap-linear" and kz.spec["threshold"] == -4
     # kvpress's other wrappers name registered presses: ChunkPress(SnapKVPress) is chunk_snapkv, ...

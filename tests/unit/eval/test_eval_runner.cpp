@@ -271,6 +271,17 @@ TEST(EvalSweep, PlanPicksPoliciesPerPress) {
   EXPECT_THROW(plan_sweep({"no-such-press"}, {0.5}, {}, base), Error);
   EXPECT_THROW(plan_sweep({"kvzap-linear"}, {0.5}, {}, base), Error);  // a threshold press without thresholds
   EXPECT_EQ(plan_sweep({"knorm"}, {0.5}, {}, base, false).size(), 1u);
+  // dms_<press> (kvpress DMSPress) runs by threshold, whatever the press; a whole-context one never evicts
+  // while prefilling.
+  PressSpec every = base;
+  every.prefill_evict_every = 256;
+  const auto dms = plan_sweep({"dms_knorm", "dms_snapkv"}, {0.5}, {-4}, every, false);
+  ASSERT_EQ(dms.size(), 2u);
+  EXPECT_EQ(cell_dir_name(&dms[0]), "dms_knorm__threshold_-4");
+  EXPECT_EQ(dms[0].prefill_evict_every, 256);
+  EXPECT_EQ(cell_dir_name(&dms[1]), "dms_snapkv__threshold_-4");
+  EXPECT_EQ(dms[1].prefill_evict_every, 0);
+  EXPECT_THROW(plan_sweep({"dms_nope"}, {0.5}, {-4}, base), Error);
 }
 
 TEST(EvalSweep, SecondRunSkipsFinishedCellsAndSuiteMismatchThrows) {

@@ -84,6 +84,25 @@ std::vector<PressSpec> every_press() {
     }
     out.push_back(s);
   }
+  // dms_<press> (kvpress DMSPress) is no registry entry of its own: one per-token press pruning while
+  // decoding, one whole-context press (judged once the context is prefilled, a ratio press's protocol).
+  if (test::press_selected("dms_knorm")) {
+    PressSpec s;
+    s.name = "dms_knorm";
+    s.has_threshold = true;
+    s.threshold = -15;
+    s.window = 32;
+    s.decoding = true;
+    out.push_back(s);
+  }
+  if (test::press_selected("dms_snapkv")) {
+    PressSpec s;
+    s.name = "dms_snapkv";
+    s.has_threshold = true;
+    s.threshold = 0.005;
+    s.window = 32;
+    out.push_back(s);
+  }
   return out;
 }
 
