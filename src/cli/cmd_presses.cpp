@@ -60,6 +60,11 @@ int run_presses(bool json) {
   }
   std::printf("\nadakv_<press>: any press under AdaKV's budget (kvpress AdaKVPress), with the press's parameters and "
               "alpha_safeguard=0.2; parity in docs/PARITY.md\n");
+  std::printf("per_layer_<press>: a per-head ratio press with one ratio per layer (kvpress PerLayerCompressionPress), "
+              "--press-ratios R0:R1:... ; kvpress parity: %s\n", press_traits("per_layer_knorm").kvpress_parity.c_str());
+  std::printf("composed_<a>+<b>[+...]: presses applied in turn, each on what the previous kept (kvpress ComposedPress), "
+              "one ratio per stage, --press-ratios Ra:Rb ; later stages score each entry alone (per-token presses such as "
+              "knorm); kvpress parity: %s\n", press_traits("composed_snapkv+knorm").kvpress_parity.c_str());
   return 0;
 }
 

@@ -129,6 +129,9 @@ std::unique_ptr<Scorer> make_pyramidkv_scorer(const ModelConfig& c, int window =
 std::unique_ptr<Scorer> make_adakv_scorer(std::unique_ptr<Scorer> inner, double alpha_safeguard = kAdaKvSafeguard);
 // The alpha_safeguard press parameter every AdaKV press declares.
 PressParam adakv_alpha_safeguard_param();
+// kvpress PerLayerCompressionPress around a scorer: layer l keeps kvpress_n_kept(ratios[l], T) entries of
+// each head (one ratio per layer of the cache, each in [0, 1)); the ratio policy calls it as a BudgetSplit.
+std::unique_ptr<Scorer> make_per_layer_scorer(std::unique_ptr<Scorer> inner, std::vector<double> ratios);
 std::unique_ptr<Scorer> make_keydiff_scorer();
 std::unique_ptr<Scorer> make_lagkv_scorer(int64_t n_sink = 4, int64_t lag_size = 128);
 std::unique_ptr<Scorer> make_chunkkv_scorer(const ModelConfig& c, int64_t chunk_length = 20);
