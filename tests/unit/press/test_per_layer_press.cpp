@@ -324,5 +324,25 @@ TEST_F(PerLayerWithModel, ComposedSpecsAreCheckedWithClearErrors) {
   EXPECT_TRUE(composed_stages("snapkv").empty());
 }
 
+// The CLI: --press-ratios reaches the spec; a wrong count is a clear error, not a crash.
+TEST_F(PerLayerWithModel, CliPressRatiosReachTheSpecAndAreChecked) {
+  const int L = model_->config().n_layer;
+  std::string ratios;
+  for (int l = 0; l < L; l++) ratios += (l ? ":" : "") + std::string(l == 0 ? "0" : "0.5");
+  const test::CommandResult r = test::run_kvzap("generate -t 2 -p 'Hello there, how are you today? Fine.' -n 1 --json "
+                                                "--press per_layer_knorm --press-ratios " + ratios);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const PressSpec s = press_spec_from_json(json::parse(r.out)["press_spec"]);
+  ASSERT_EQ(s.ratios.size(), (size_t)L);
+  EXPECT_EQ(s.ratios[0], 0);
+  EXPECT_EQ(s.ratios[1], 0.5);
+  const test::CommandResult few = test::run_kvzap("generate -t 2 -p 'Hello there' -n 1 --press per_layer_knorm --press-ratios 0.5:0.5");
+  EXPECT_NE(few.exit_code, 0);
+  EXPECT_NE(few.err.find("needs one ratio per layer"), std::string::npos) << few.err;
+  const test::CommandResult bad = test::run_kvzap("generate -t 2 -p 'Hello there' -n 1 --press per_layer_knorm --press-ratios 0.5:1.2");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("'--press-ratios': ratio 1 is 1.2"), std::string::npos) << bad.err;
+}
+
 }  // namespace
 }  // namespace kvzap
