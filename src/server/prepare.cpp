@@ -36,7 +36,7 @@ bool resolve_press(const std::optional<KvCompressionSpec>& spec, const ServerDef
     if (spec->threshold || spec->ratio || spec->ratio_scope || spec->window || spec->sink_tokens || spec->decoding ||
         spec->sliding_layers || spec->prefill_evict_every || spec->seed || spec->ratios)
       throw invalid_request(
-          "kv_compression: press \"none\" takes no threshold, ratio, ratio_scope, window, sink_tokens, "
+          "kv_compression: press \"none\" takes no threshold, ratio, ratios, ratio_scope, window, sink_tokens, "
           "prefill_evict_every, decoding, sliding_layers or seed");
     return false;
   }
