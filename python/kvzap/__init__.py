@@ -132,6 +132,49 @@ CriticalAdaKVPress = _wrapper_class("critical_adakv_", "CriticalAdaKVPress", "Cr
 __all__ += ["ChunkPress", "BlockPress", "CriticalKVPress", "CriticalAdaKVPress"]
 
 
+class PerLayerCompressionPress(BasePress):
+    """PerLayerCompressionPress(press, compression_ratios): the press with one compression ratio per layer of
+    the model (kvpress's; registry: per_layer_<press>, the list in the spec's "ratios"). The engine checks
+    that there is one ratio per layer, each in [0, 1), when the pipeline builds the press."""
+
+    def __init__(self, press: BasePress, compression_ratios: list):
+        if not isinstance(press, BasePress):
+            raise Error(f"PerLayerCompressionPress: press must be a kvzap press, got {type(press).__name__}")
+        # Its own ratio (kvpress's default compression_ratio 0 included) is replaced layer by layer.
+        inner = {k: v for k, v in press.spec.items() if k not in ("press", "ratio_scope", "ratio", "threshold")}
+        self.press_name = "per_layer_" + press.spec["press"]
+        self._kwargs = {"press": press, "compression_ratios": list(compression_ratios)}
+        spec = {**inner, "press": self.press_name, "ratios": [float(r) for r in compression_ratios]}
+        self.spec = json.loads(_kvzap.press_spec_normalize(json.dumps(spec)))
+
+    @property
+    def compression_ratio(self) -> float:
+        """The mean of the per-layer ratios (kvpress's property)."""
+        r = self.spec["ratios"]
+        return sum(r) / len(r)
+
+
+class ComposedPress(BasePress):
+    """ComposedPress(presses): the presses applied one after the other, each on what the previous kept
+    (kvpress's; registry: composed_<a>+<b>, each press's compression_ratio in the spec's "ratios"). The
+    presses' own parameters go to every stage that declares them."""
+
+    def __init__(self, presses: list):
+        presses = list(presses)
+        if len(presses) < 2 or not all(isinstance(p, BasePress) for p in presses):
+            raise Error("ComposedPress: presses must be a list of at least two kvzap presses")
+        params = {}
+        for p in presses:
+            params.update({k: v for k, v in p.spec.items() if k not in ("press", "ratio_scope", "ratio", "threshold")})
+        self.press_name = "composed_" + "+".join(p.spec["press"] for p in presses)
+        self._kwargs = {"presses": presses}
+        spec = {**params, "press": self.press_name, "ratios": [float(p.spec.get("ratio", 0.0)) for p in presses]}
+        self.spec = json.loads(_kvzap.press_spec_normalize(json.dumps(spec)))
+
+
+__all__ += ["PerLayerCompressionPress", "ComposedPress"]
+
+
 class DMSPress(BasePress):
     """DMSPress(press, threshold, sliding_window_size=128, decoding=False): entries the press scores below
     the threshold are evicted, the most recent sliding_window_size tokens kept, as kvpress's DMSPress (the

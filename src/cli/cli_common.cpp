@@ -68,12 +68,16 @@ void PressArgs::add_to(CLI::App& sub, bool with_surrogate) {
   sub.add_option("--press-param", params,
                  "a parameter of the press under kvpress's name, NAME=VALUE (repeatable; `kvzap presses` lists each "
                  "press's, e.g. snapkv window_size=32)");
+  sub.add_option("--press-ratios", ratios,
+                 "a list of ratios, ',' or ':' separated: one per layer for per_layer_<press> (kvpress "
+                 "PerLayerCompressionPress), e.g. --press per_layer_knorm --press-ratios 0:0.25:0.5:0.75");
 }
 
 std::unique_ptr<Press> PressArgs::make(const Model& model) const {
   if (flags.name.empty()) {
-    if (given_threshold() || given_ratio() || flags.decoding || !flags.surrogate_dir.empty() || !params.empty())
-      throw Error("--threshold/--ratio/--decode-press/--surrogate/--press-param need --press NAME");
+    if (given_threshold() || given_ratio() || flags.decoding || !flags.surrogate_dir.empty() || !params.empty() ||
+        !ratios.empty())
+      throw Error("--threshold/--ratio/--decode-press/--surrogate/--press-param/--press-ratios need --press NAME");
     return nullptr;
   }
   return make_press(spec(), model);
@@ -83,6 +87,7 @@ PressSpec PressArgs::spec() const {
   PressSpec o = flags;
   o.has_threshold = given_threshold();
   o.has_ratio = given_ratio();
+  if (!ratios.empty()) o.ratios = parse_ratio_list(ratios, "--press-ratios");
   if (params.empty()) return o;
   PressSpecPatch patch;
   for (const std::string& a : params) {

@@ -34,6 +34,7 @@ struct PressArgs {
   CLI::Option* threshold_opt = nullptr;
   CLI::Option* ratio_opt = nullptr;
   std::vector<std::string> params;  // --press-param NAME=VALUE (the press's own parameters)
+  std::string ratios;                // --press-ratios R0:R1:... (PressSpec::ratios: per_layer_<press>)
 
   // with_surrogate: also --surrogate (bench uses that name for its own option).
   void add_to(CLI::App& sub, bool with_surrogate = true);

@@ -65,6 +65,11 @@ int run_presses(bool json) {
               "recent tokens kept; a per-token press also with --decode-press, a whole-context press judged once the "
               "context is prefilled), with the press's parameters; kvpress parity: exact for dms_knorm, dms_keydiff, "
               "dms_snapkv and dms_tova (docs/PARITY.md)\n");
+  std::printf("per_layer_<press>: a per-head ratio press with one ratio per layer (kvpress PerLayerCompressionPress), "
+              "--press-ratios R0:R1:... ; kvpress parity: %s\n", press_traits("per_layer_knorm").kvpress_parity.c_str());
+  std::printf("composed_<a>+<b>[+...]: presses applied in turn, each on what the previous kept (kvpress ComposedPress), "
+              "one ratio per stage, --press-ratios Ra:Rb ; later stages score each entry alone (per-token presses such as "
+              "knorm); kvpress parity: %s\n", press_traits("composed_snapkv+knorm").kvpress_parity.c_str());
   const auto gaps = kvpress_gaps();
   std::printf("\nkvpress presses kvzap does not have (%zu):\n", gaps.size());
   size_t gw = 0;

@@ -134,6 +134,9 @@ PressParam adakv_alpha_safeguard_param();
 // taking no ratio). Per-token scorers need no wrapper: dms_<press> runs them under the threshold policy.
 std::unique_ptr<Scorer> make_dms_context_scorer(std::unique_ptr<Scorer> inner, double threshold, int window,
                                                 int sink_tokens);
+// kvpress PerLayerCompressionPress around a scorer: layer l keeps kvpress_n_kept(ratios[l], T) entries of
+// each head (one ratio per layer of the cache, each in [0, 1)); the ratio policy calls it as a BudgetSplit.
+std::unique_ptr<Scorer> make_per_layer_scorer(std::unique_ptr<Scorer> inner, std::vector<double> ratios);
 std::unique_ptr<Scorer> make_keydiff_scorer();
 std::unique_ptr<Scorer> make_lagkv_scorer(int64_t n_sink = 4, int64_t lag_size = 128);
 std::unique_ptr<Scorer> make_chunkkv_scorer(const ModelConfig& c, int64_t chunk_length = 20);

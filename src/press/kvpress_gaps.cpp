@@ -52,8 +52,6 @@ std::span<const KvpressGap> kvpress_gaps() {
        "a ratio target every N generated tokens; not done yet (see DecodingPress)"},
       {"PrefillDecodingPress", "prefill_decoding",
        "one press for the prefill and another while decoding; not done yet (see DecodingPress)"},
-      {"PerLayerCompressionPress", "per_layer_compression", "a ratio per layer around any scorer; not done yet"},
-      {"ComposedPress", "composed", "presses chained at each layer; not done yet"},
   };
   return gaps;
 }

@@ -98,6 +98,10 @@ int64_t evict_lowest(KvCache& cache, const CacheScores& scores, double ratio, Ra
 // The same choice, as a mask (nothing is evicted); AdaKv protects alpha_safeguard of each head's share.
 void mark_lowest(const KvCache& cache, const CacheScores& scores, double ratio, RatioScope scope, EvictionMask& drop,
                  bool include_sliding = false, double alpha_safeguard = kAdaKvSafeguard);
+// kvpress's compute_n_kept: int(T (1 - ratio)) entries of a stream of T stay, at least one (ScorerPress,
+// AdaKVPress, PerLayerCompressionPress). With an odd T and ratio 0.5 this keeps (T - 1) / 2, one fewer than
+// T - floor(ratio T).
+int64_t kvpress_n_kept(double ratio, int64_t T);
 // Marks the n lowest entries of one stream (ties: lowest slot first).
 void mark_lowest_in_stream(const std::vector<float>& scores, int64_t n, std::vector<uint8_t>& drop);
 // Checks that scores has one value per kept entry of the cache; throws kvzap::Error otherwise.

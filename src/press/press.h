@@ -186,13 +186,22 @@ std::vector<ScorerEntry>& scorer_registry();
 // The entry a press name runs: its own, or for "adakv_<press>" / "dms_<press>" (when not registered as
 // such) the wrapped press's. Null if unknown.
 const ScorerEntry* find_press_entry(const std::string& name);
+// For "per_layer_<press>" (kvpress PerLayerCompressionPress, ratios in PressSpec::ratios): "<press>"; "" for
+// any other name.
+std::string per_layer_inner(const std::string& name);
+// For "composed_<a>+<b>[+...]" (kvpress ComposedPress, one ratio per stage in PressSpec::ratios): the stage
+// names in order; empty for any other name.
+std::vector<std::string> composed_stages(const std::string& name);
+// Builds a composed press (press/scorer_composed.cpp); make_press calls it for composed_<a>+<b>.
+std::unique_ptr<Press> make_composed_press(const PressSpec& spec, const std::vector<std::string>& stage_names,
+                                           const Model& model);
 // find_press_entry(name)'s traits, or the defaults for an unknown name (make_press refuses it).
 const PressTraits& press_traits(const std::string& name);
 // Whether the spec's press judges whole contexts once prefilled (a ratio, or its own budget): evicting
 // while prefilling (prefill_evict_every) does not apply to it.
 inline bool judges_whole_contexts(const PressSpec& s) {
   const PressTraits& t = press_traits(s.name);
-  return s.has_ratio || t.own_budget || t.threshold_on_context;
+  return s.has_ratio || !s.ratios.empty() || t.own_budget || t.threshold_on_context;
 }
 // kvpress DMSPress(press): "dms_<press>" runs any registered press's scores under a threshold with a protected
 // window of the most recent tokens. True for such a name (whether or not the inner press exists).

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -22,7 +23,7 @@ std::string text(const json& v, const std::string& field) { return json_fields::
 using json_fields::wrong_type;
 
 constexpr const char* kSpecFields =
-    "press, threshold, ratio, ratio_scope, window, sink_tokens, prefill_evict_every, decoding, sliding_layers, seed";
+    "press, threshold, ratio, ratios, ratio_scope, window, sink_tokens, prefill_evict_every, decoding, sliding_layers, seed";
 
 // The parameters `press` declares, for error messages ("none" when it takes none).
 std::string declared_params(const PressTraits& t) {
@@ -32,6 +33,35 @@ std::string declared_params(const PressTraits& t) {
 }
 
 }  // namespace
+
+void check_ratio_list(const std::vector<double>& ratios, const std::string& where) {
+  if (ratios.empty()) throw Error("'" + where + "' must list at least one ratio");
+  for (size_t i = 0; i < ratios.size(); i++)
+    if (!(ratios[i] >= 0 && ratios[i] < 1)) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "'%s': ratio %zu is %g; each must be in [0, 1) (the fraction of KV pairs to evict)",
+                    where.c_str(), i, ratios[i]);
+      throw Error(buf);
+    }
+}
+
+std::vector<double> parse_ratio_list(const std::string& text, const std::string& where) {
+  std::vector<double> out;
+  size_t i = 0;
+  while (i <= text.size()) {
+    const size_t end = text.find_first_of(",:", i);
+    const std::string item = text.substr(i, end == std::string::npos ? std::string::npos : end - i);
+    char* stop = nullptr;
+    const double v = item.empty() ? NAN : std::strtod(item.c_str(), &stop);
+    if (item.empty() || *stop != '\0')
+      throw Error("'" + where + "' takes ratios separated by ',' or ':' (e.g. 0:0.25:0.5), got '" + text + "'");
+    out.push_back(v);
+    if (end == std::string::npos) break;
+    i = end + 1;
+  }
+  check_ratio_list(out, where);
+  return out;
+}
 
 PressSpecPatch parse_press_spec_patch(const json& v, const std::string& where, bool allow_host_paths) {
   if (!v.is_object()) wrong_type(where, "an object", v);
@@ -62,6 +92,17 @@ PressSpecPatch parse_press_spec_patch(const json& v, const std::string& where, b
       s.sliding_layers = boolean(val, f);
     } else if (key == "seed") {
       s.seed = (uint64_t)integer_in(val, f, 0, std::numeric_limits<int64_t>::max());
+    } else if (key == "ratios") {
+      // A JSON array of numbers, or the CLI's text form ("0:0.25:0.5").
+      if (val.is_string()) {
+        s.ratios = parse_ratio_list(val.get<std::string>(), f);
+      } else {
+        if (!val.is_array() || val.empty()) wrong_type(f, "a non-empty array of ratios", val);
+        std::vector<double> r;
+        for (size_t i = 0; i < val.size(); i++) r.push_back(number_in(val[i], f + "[" + std::to_string(i) + "]", -1e9, 1e9));
+        check_ratio_list(r, f);
+        s.ratios = std::move(r);
+      }
     } else if (key == "surrogate" && allow_host_paths) {
       s.surrogate = text(val, f);
     } else if (val.is_number()) {
@@ -106,6 +147,7 @@ PressSpec press_spec_apply(const PressSpec& base, const PressSpecPatch& p) {
   if (p.sliding_layers) out.sliding_layers = *p.sliding_layers;
   if (p.surrogate) out.surrogate_dir = *p.surrogate;
   if (p.seed) out.seed = *p.seed;
+  if (p.ratios) out.ratios = *p.ratios;
   const PressTraits& traits = press_traits(out.name);
   for (const auto& [key, given] : p.params) {
     const auto& [value, field] = given;
@@ -147,6 +189,7 @@ json press_spec_to_json(const PressSpec& s) {
   if (s.has_threshold) j["threshold"] = s.threshold;
   if (s.has_ratio) j["ratio"] = s.ratio;
   if (!s.surrogate_dir.empty()) j["surrogate"] = s.surrogate_dir;
+  if (!s.ratios.empty()) j["ratios"] = s.ratios;
   for (const auto& [k, v] : s.params) j[k] = v;
   return j;
 }
@@ -173,6 +216,10 @@ std::string press_spec_key(const PressSpec* s) {
          "|every=" + std::to_string(s->prefill_evict_every) + "|dec=" + std::to_string((int)s->decoding) +
          "|slide=" + std::to_string((int)s->sliding_layers) + "|sur=" + s->surrogate_dir + "|seed=" + std::to_string(s->seed);
   for (const auto& [k, v] : s->params) key += "|" + k + "=" + exact(v);
+  if (!s->ratios.empty()) {
+    key += "|ratios=";
+    for (size_t i = 0; i < s->ratios.size(); i++) key += (i ? ":" : "") + exact(s->ratios[i]);
+  }
   return key;
 }
 

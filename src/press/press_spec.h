@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -41,6 +42,13 @@ struct PressSpec {
   // ...): the registry declares which each press takes, with defaults and ranges (PressTraits::params);
   // only those given are here (press_param reads a value or its default).
   std::map<std::string, double> params;
+  // A list of ratios, for the presses built of others whose kvpress arguments are a list: one per layer
+  // for per_layer_<press> (kvpress PerLayerCompressionPress's compression_ratios), one per stage for
+  // composed_<a>+<b>+... (each ComposedPress stage's compression_ratio). A field of its own rather than
+  // a press parameter: parameters are single numbers with a declared range, this is a list whose length
+  // only the model (or the name) fixes. Each value is checked in [0, 1) here (press_spec_apply); the
+  // count against the model by make_press. Empty for every other press.
+  std::vector<double> ratios;
 };
 
 // The fields a JSON object sets, each optional: a request's `kv_compression`, the C API's press JSON.
@@ -53,6 +61,7 @@ struct PressSpecPatch {
   std::optional<bool> decoding, sliding_layers;
   std::optional<std::string> surrogate;  // a folder on the host: trusted front ends only
   std::optional<uint64_t> seed;
+  std::optional<std::vector<double>> ratios;
   // Any other numeric field: a press parameter, checked by press_spec_apply against the press it ends up
   // naming. name -> (value, the field's path for error messages).
   std::map<std::string, std::pair<double, std::string>> params;
@@ -68,6 +77,11 @@ PressSpec press_spec_apply(const PressSpec& base, const PressSpecPatch& patch);
 // A whole spec from JSON: {"press": name, ...}; the press is required.
 PressSpec press_spec_from_json(const nlohmann::json& v, const std::string& where = "press", bool allow_host_paths = true);
 nlohmann::json press_spec_to_json(const PressSpec& s);
+// The ratio list of `--press-ratios` / a "ratios" string: numbers separated by ',' or ':' ("0:0.25:0.5").
+// Throws kvzap::Error naming `where` for an empty list, a non-number or a value outside [0, 1).
+std::vector<double> parse_ratio_list(const std::string& text, const std::string& where);
+// Checks every value is in [0, 1) (kvpress asserts 0 <= compression_ratio < 1); throws kvzap::Error naming `where`.
+void check_ratio_list(const std::vector<double>& ratios, const std::string& where);
 struct PressTraits;
 // The parameters a press declares, as JSON: [{"name", "default", "min", "max", "integer", "help"}].
 nlohmann::json press_params_json(const PressTraits& traits);

@@ -46,13 +46,6 @@ bool lower(const Candidate& a, const Candidate& b) {
 
 int64_t budget(double ratio, int64_t n) { return (int64_t)std::floor(ratio * (double)n); }
 
-// kvpress's compute_n_kept: int(T (1 - ratio)) entries stay, at least one (ScorerPress, AdaKVPress). With
-// an odd T and ratio 0.5 this keeps (T - 1) / 2, one fewer than T - floor(ratio T).
-int64_t kvpress_n_kept(double ratio, int64_t T) {
-  if (T <= 0) return 0;
-  return std::max<int64_t>(1, (int64_t)((double)T * (1.0 - ratio)));
-}
-
 // Marks the k lowest candidates in the per-stream masks.
 void mark_k_lowest(std::vector<Candidate>& cands, int64_t k, EvictionMask& drop, int n_head) {
   if (k <= 0) return;
@@ -101,6 +94,11 @@ void mark_adakv_layer(const KvCache& cache, const CacheScores& scores, int l, do
 }
 
 }  // namespace
+
+int64_t kvpress_n_kept(double ratio, int64_t T) {
+  if (T <= 0) return 0;
+  return std::max<int64_t>(1, (int64_t)((double)T * (1.0 - ratio)));
+}
 
 EvictionMask empty_mask(const KvCache& cache) {
   const int L = cache.n_layer(), H = cache.n_head_kv();
@@ -274,12 +272,25 @@ int64_t RatioPress::finish_context(KvCache& cache, ContextView* ctx) {
     scores = std::move(recorded_);
     recorded_.clear();
     // A sliding-window layer freed its oldest entries while the context was prefilled: its stream holds
-    // the last length() of the recorded positions.
+    // the last length() of the recorded positions. An earlier stage of a composed press (scorer_composed.cpp)
+    // evicted some: the stream holds the recorded scores of the positions it kept (recorded in position
+    // order from 0, the context's first position).
     for (int l = 0; l < cache.n_layer() && l < (int)scores.size(); l++)
       for (int h = 0; h < cache.n_head_kv() && h < (int)scores[(size_t)l].size(); h++) {
         std::vector<float>& s = scores[(size_t)l][(size_t)h];
         const int64_t len = cache.length(l, h);
-        if (cache.layer_window(l) > 0 && (int64_t)s.size() > len) s.erase(s.begin(), s.end() - len);
+        if ((int64_t)s.size() <= len) continue;
+        if (cache.layer_window(l) > 0) {
+          s.erase(s.begin(), s.end() - len);
+          continue;
+        }
+        std::vector<float> kept((size_t)len);
+        for (int64_t i = 0; i < len; i++) {
+          const int32_t p = cache.position_at(l, h, i);
+          if (p < 0 || (size_t)p >= s.size()) throw Error("internal: a kept entry's position was never scored");
+          kept[(size_t)i] = s[(size_t)p];
+        }
+        s.swap(kept);
       }
   }
   if (ScoreLog* log = scores_to_keep(cache)) {

@@ -10,6 +10,7 @@
 #include "press/baselines.h"
 #include "press/kvzip.h"
 #include "press/policy.h"
+#include "model/model.h"
 
 namespace kvzap {
 
@@ -44,6 +45,18 @@ std::string number(double v) {
   return buf;
 }
 
+const ScorerEntry* find_registered(const std::string& n) {
+  const auto& reg = scorer_registry();
+  auto it = std::find_if(reg.begin(), reg.end(), [&](const ScorerEntry& e) { return e.name == n; });
+  return it == reg.end() ? nullptr : &*it;
+}
+
+// "per_layer_<press>": kvpress PerLayerCompressionPress(press, compression_ratios), the ratios in
+// PressSpec::ratios (one per layer). A name family like adakv_<press>, not one entry per press.
+constexpr const char* kPerLayerPrefix = "per_layer_";
+// "composed_<a>+<b>[+...]": kvpress ComposedPress([a, b, ...]), one ratio per stage in PressSpec::ratios.
+constexpr const char* kComposedPrefix = "composed_";
+
 }  // namespace
 
 bool is_dms_name(const std::string& name) {
@@ -52,16 +65,40 @@ bool is_dms_name(const std::string& name) {
   return std::none_of(reg.begin(), reg.end(), [&](const ScorerEntry& e) { return e.name == name; });
 }
 
+std::vector<std::string> composed_stages(const std::string& name) {
+  const std::string prefix = kComposedPrefix;
+  if (name.rfind(prefix, 0) != 0 || find_registered(name)) return {};
+  std::vector<std::string> out;
+  size_t i = prefix.size();
+  while (true) {
+    const size_t plus = name.find('+', i);
+    out.push_back(name.substr(i, plus == std::string::npos ? std::string::npos : plus - i));
+    if (plus == std::string::npos) break;
+    i = plus + 1;
+  }
+  return out;
+}
+
+std::string per_layer_inner(const std::string& name) {
+  const std::string prefix = kPerLayerPrefix;
+  if (name.rfind(prefix, 0) != 0 || find_registered(name)) return "";
+  return name.substr(prefix.size());
+}
+
 const ScorerEntry* find_press_entry(const std::string& name) {
-  const auto& reg = scorer_registry();
-  auto find = [&](const std::string& n) -> const ScorerEntry* {
-    auto it = std::find_if(reg.begin(), reg.end(), [&](const ScorerEntry& e) { return e.name == n; });
-    return it == reg.end() ? nullptr : &*it;
-  };
-  if (const ScorerEntry* e = find(name)) return e;
-  if (is_dms_name(name)) return find(name.substr(std::string(kDmsPrefix).size()));
+  if (const ScorerEntry* e = find_registered(name)) return e;
+  if (is_dms_name(name)) return find_registered(name.substr(std::string(kDmsPrefix).size()));
   const std::string ada_prefix = "adakv_";
-  if (name.rfind(ada_prefix, 0) == 0) return find(name.substr(ada_prefix.size()));
+  if (name.rfind(ada_prefix, 0) == 0) return find_registered(name.substr(ada_prefix.size()));
+  // Only a registered press inside (per_layer_adakv_snapkv would ask for two budget splits).
+  if (const std::string inner = per_layer_inner(name); !inner.empty()) return find_registered(inner);
+  // A composition is known when every stage is a registered press; its first stage stands for it here
+  // (press_traits gives the union of the stages' parameters).
+  if (const std::vector<std::string> stages = composed_stages(name); !stages.empty()) {
+    for (const std::string& st : stages)
+      if (!find_registered(st)) return nullptr;
+    return find_registered(stages.front());
+  }
   return nullptr;
 }
 
@@ -71,12 +108,45 @@ const PressTraits& press_traits(const std::string& name) {
   if (!e) return defaults;
   if (e->name == name) return e->traits;
   static std::mutex mu;
-  static std::map<std::string, PressTraits> wrapped;  // node-based: references stay valid
-  std::lock_guard<std::mutex> lock(mu);
+  if (const std::vector<std::string> stages = composed_stages(name); !stages.empty()) {
+    // Every stage's parameters (a name two stages declare goes to both, the first's default shown), the
+    // longest context any stage needs.
+    static std::map<std::string, PressTraits> composed;
+    std::lock_guard<std::mutex> lock(mu);
+    auto [it, fresh] = composed.try_emplace(name);
+    if (fresh) {
+      PressTraits& t = it->second;
+      for (const std::string& st : stages) {
+        const PressTraits& s = find_registered(st)->traits;
+        for (const PressParam& p : s.params)
+          if (std::none_of(t.params.begin(), t.params.end(), [&](const PressParam& q) { return q.name == p.name; }))
+            t.params.push_back(p);
+        t.min_context_tokens = std::max(t.min_context_tokens, s.min_context_tokens);
+        if (t.min_context_param.empty()) t.min_context_param = s.min_context_param;
+      }
+      t.kvpress_parity = "match up to knorm's ties (kvpress ComposedPress: composed_snapkv+knorm, composed_knorm+knorm; docs/PARITY.md)";
+    }
+    return it->second;
+  }
+  if (!per_layer_inner(name).empty()) {
+    // The inner press's parameters; no default threshold (it takes ratios only).
+    static std::map<std::string, PressTraits> per_layer;  // node-based: references stay valid
+    std::lock_guard<std::mutex> lock(mu);
+    auto [it, fresh] = per_layer.try_emplace(e->name, e->traits);
+    if (fresh) {
+      PressTraits& t = it->second;
+      t.threshold_by_default = false;
+      t.default_threshold = nullptr;
+      t.kvpress_parity = "as its press, ties included (kvpress PerLayerCompressionPress: per_layer_knorm, per_layer_snapkv exact; docs/PARITY.md)";
+    }
+    return it->second;
+  }
   if (is_dms_name(name)) {
+    static std::map<std::string, PressTraits> dms;  // node-based: references stay valid
+    std::lock_guard<std::mutex> lock(mu);
     // "dms_<press>": the press's parameters, run by threshold (kvpress DMSPress takes no ratio); a context
     // scorer is judged once its context is prefilled.
-    auto [it, fresh] = wrapped.try_emplace(name, e->traits);
+    auto [it, fresh] = dms.try_emplace(name, e->traits);
     if (fresh) {
       it->second.threshold_by_default = true;
       it->second.threshold_on_context = !e->supports_threshold;
@@ -88,6 +158,8 @@ const PressTraits& press_traits(const std::string& name) {
   // press is an AdaKV press already (it declares the parameter itself).
   for (const PressParam& p : e->traits.params)
     if (p.name == "alpha_safeguard") return e->traits;
+  static std::map<std::string, PressTraits> wrapped;  // node-based: references stay valid
+  std::lock_guard<std::mutex> lock(mu);
   auto [it, fresh] = wrapped.try_emplace(e->name, e->traits);
   if (fresh) it->second.params.push_back(adakv_alpha_safeguard_param());
   return it->second;
@@ -144,18 +216,60 @@ std::unique_ptr<Press> make_dms_press(const ScorerEntry& entry, PressSpec opt, c
   return make_ratio_press(make_scorer, opt);
 }
 
+// "per_layer_<press>" (kvpress PerLayerCompressionPress): the press's scores under the ratio policy, each
+// layer keeping kvpress_n_kept(ratios[layer], T) entries per head (press/scorer_per_layer.cpp).
+std::unique_ptr<Press> make_per_layer_press(const PressSpec& spec, const ScorerEntry& entry, const Model& model) {
+  const std::string& name = spec.name;
+  // kvpress asserts a ScorerPress whose compression_ratio it can set: not one choosing its own budget,
+  // nor one whose ratio is not a per-head one (KVzip's is global).
+  if (entry.traits.own_budget)
+    throw Error("press '" + entry.name + "' sets its own budget: per_layer_" + entry.name + " has no ratio to set per layer");
+  if (entry.traits.kvpress_ratio_scope != "head")
+    throw Error("press '" + entry.name + "' splits its ratio " + entry.traits.kvpress_ratio_scope +
+                "-wide in kvpress, not per head: per-layer ratios need a per-head ScorerPress");
+  if (spec.has_threshold || spec.has_ratio)
+    throw Error("press '" + name + "' takes one ratio per layer (ratios / --press-ratios), not a " +
+                (spec.has_threshold ? "threshold" : "single ratio"));
+  const int n_layer = model.config().n_layer;
+  if (spec.ratios.size() != (size_t)n_layer)
+    throw Error("press '" + name + "' needs one ratio per layer: the model has " + std::to_string(n_layer) + " layers, " +
+                std::to_string(spec.ratios.size()) + " ratio" + (spec.ratios.size() == 1 ? "" : "s") + " given");
+  check_ratio_list(spec.ratios, "ratios");
+  if (spec.decoding) throw Error("press '" + name + "' compresses the context only: it cannot prune while decoding");
+  if (spec.prefill_evict_every > 0)
+    throw Error("press '" + name + "' judges the whole context once it is complete: prefill_evict_every does not apply");
+  PressSpec opt = spec;
+  // The ratio policy shows (and skips a context at) the mean, kvpress's compression_ratio property; the
+  // inner press is built with it too (the few that read the ratio while scoring see one value).
+  double sum = 0;
+  for (double r : spec.ratios) sum += r;
+  opt.has_ratio = true;
+  opt.ratio = sum / (double)spec.ratios.size();
+  opt.ratio_scope = "head";
+  const Model* m = &model;
+  ScorerFactory make_scorer = [make = entry.make, opt, m]() { return make_per_layer_scorer(make(opt, *m), opt.ratios); };
+  return make_ratio_press(make_scorer, opt);
+}
+
 }  // namespace
 
 std::unique_ptr<Press> make_press(const PressSpec& options, const Model& model) {
   PressSpec opt = options;
+  if (const std::vector<std::string> stages = composed_stages(opt.name); !stages.empty())
+    return make_composed_press(opt, stages, model);
   // "adakv_<press>": any registered press under the AdaKV budget (press/scorer_adakv.cpp).
   const ScorerEntry* found = find_press_entry(opt.name);
   if (!found) {
     if (const KvpressGap* gap = find_kvpress_gap(opt.name))
       throw Error("press '" + opt.name + "': kvpress's " + gap->kvpress_class + " is not in kvzap: " + gap->reason);
-    throw Error("unknown press '" + opt.name + "' (known presses: " + known_presses() + "; adakv_<press> for AdaKV, dms_<press> for DMS)");
+    throw Error("unknown press '" + opt.name + "' (known presses: " + known_presses() +
+                "; adakv_<press> for AdaKV, dms_<press> for DMS, per_layer_<press>, composed_<a>+<b>)");
   }
   const ScorerEntry& entry = *found;
+  const std::string per_layer_of = per_layer_inner(opt.name);
+  if (!per_layer_of.empty()) return make_per_layer_press(opt, entry, model);
+  if (!opt.ratios.empty())
+    throw Error("press '" + opt.name + "' takes no list of ratios (ratios / --press-ratios are for per_layer_<press> and composed_<a>+<b>)");
   if (is_dms_name(opt.name)) return make_dms_press(entry, opt, model);
   const bool wrap_adakv = entry.name != opt.name;
   // No setting given: the press's default threshold, if the registry gives it one (KVzap: calibrated).

@@ -34,9 +34,9 @@ bool resolve_press(const std::optional<KvCompressionSpec>& spec, const ServerDef
   }
   if (spec->press && *spec->press == "none") {
     if (spec->threshold || spec->ratio || spec->ratio_scope || spec->window || spec->sink_tokens || spec->decoding ||
-        spec->sliding_layers || spec->prefill_evict_every || spec->seed)
+        spec->sliding_layers || spec->prefill_evict_every || spec->seed || spec->ratios)
       throw invalid_request(
-          "kv_compression: press \"none\" takes no threshold, ratio, ratio_scope, window, sink_tokens, "
+          "kv_compression: press \"none\" takes no threshold, ratio, ratios, ratio_scope, window, sink_tokens, "
           "prefill_evict_every, decoding, sliding_layers or seed");
     return false;
   }
@@ -55,7 +55,7 @@ void check_prompt_fits_press(const PressSpec& o, int64_t n_prompt, int64_t n_ctx
   // happen inside a batch step and end every request in it.
   const PressTraits& t = press_traits(o.name);
   const int64_t min_context = press_min_context(o);
-  if (o.has_ratio && n_prompt <= min_context)
+  if ((o.has_ratio || !o.ratios.empty()) && n_prompt <= min_context)
     throw invalid_request("kv_compression: press '" + o.name + "' needs a prompt longer than " +
                           std::to_string(min_context) + " tokens, got " + std::to_string(n_prompt));
   // A repeat pass (KVzip) runs the context plus a chat-wrapped copy of up to 2048 of its tokens

@@ -50,6 +50,7 @@ VERBOSE = "-v" in ARGS
 ONLY = [ARGS[i + 1] for i, a in enumerate(ARGS) if a == "--press" and i + 1 < len(ARGS)]
 JSON_OUT = next((ARGS[i + 1] for i, a in enumerate(ARGS) if a == "--json" and i + 1 < len(ARGS)), None)
 RATIO = 0.5
+PER_LAYER_RATIOS = [0.0, 0.25, 0.5, 0.75]  # per_layer_<press>: one per layer of the harness's 4-layer models
 EOG_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|end|>",
              "<end_of_turn>", "<|return|>")
 N_ANSWER = 6
@@ -71,11 +72,13 @@ def presses():
     P = []
 
     def add(name, scope, make, attn="sdpa", expect="exact", why="", variant="", params=None, threshold=None,
-            window=None):
+            window=None, ratios=None):
         # params: the press's own kvpress arguments, given to kvzap as --press-param NAME=VALUE.
         # threshold / window: a threshold press (kvpress DMSPress), run by kvzap with --threshold / --window.
+        # ratios: a list press's ratios (per layer for per_layer_<press>), given as --press-ratios instead
+        # of --ratio (scope None); `make` then ignores RATIO.
         P.append(dict(name=name, scope=scope, make=make, attn=attn, expect=expect, why=why, variant=variant,
-                      params=params or {}, threshold=threshold, window=window))
+                      params=params or {}, threshold=threshold, window=window, ratios=ratios))
 
     add("knorm", "head", lambda r: K.KnormPress(compression_ratio=r))
     add("streaming_llm", "head", lambda r: K.StreamingLLMPress(compression_ratio=r))
@@ -226,6 +229,19 @@ def presses():
         variant="threshold=0.00074")
     add("dms_knorm", None, lambda r: K.DMSPress(K.KnormPress(), threshold=-4.5), threshold=-4.6, expect="differ",
         why="negative control: a threshold 0.1 apart must be told apart", variant="threshold=-4.6 against kvpress -4.5")
+    # PerLayerCompressionPress: one ratio per layer of the 4-layer models, a layer of ratio 0 among them.
+    for inner, make_inner in (("knorm", K.KnormPress), ("snapkv", sn)):
+        add("per_layer_" + inner, None,
+            lambda r, m=make_inner: K.PerLayerCompressionPress(m(), compression_ratios=PER_LAYER_RATIOS),
+            variant="ratios=" + ":".join("%g" % x for x in PER_LAYER_RATIOS), ratios=PER_LAYER_RATIOS)
+    # ComposedPress: SnapKV, then KnormPress on what SnapKV kept (a later stage must score keys alone:
+    # kvpress hands it the kept keys in topk order), and the same press twice.
+    add("composed_snapkv+knorm", None,
+        lambda r: K.ComposedPress([sn(compression_ratio=0.3), K.KnormPress(compression_ratio=0.3)]),
+        variant="ratios=0.3:0.3", ratios=[0.3, 0.3])
+    add("composed_knorm+knorm", None,
+        lambda r: K.ComposedPress([K.KnormPress(compression_ratio=0.5), K.KnormPress(compression_ratio=0.2)]),
+        variant="ratios=0.5:0.2", ratios=[0.5, 0.2])
     # Negative control: a different press must be told apart (the comparison can fail).
     # SimLayerKV sets its own budget (no ratio, scope None): kvpress's defaults (lazy_threshold 1, n_recent
     # 1024) leave these contexts whole. Here 14 of the 24 (context, layer) pairs are lazy (8 on llama, 6 on
@@ -346,13 +362,16 @@ def full_keys(model, ids):
     return [cache.layers[l].keys[0].clone() for l in range(len(cache.layers))]
 
 
-def record_scores(press):
+def record_scores(press, ref_keys=None):
     """Wraps the score() of the ScorerPress inside `press` (itself, or the one AdaKV / ChunkKV wrap) so that
     its scores [layer] -> [H, T] are kept (a copy: AdaKV overwrites its protected entries)."""
     from kvpress import ScorerPress
     from kvpress import BlockPress
+    from kvpress import ComposedPress
     if isinstance(press, BlockPress):  # scores subsets block by block: no per-position scores to keep
         return {}
+    if isinstance(press, ComposedPress):
+        return record_composed_scores(press, ref_keys)
     from kvpress import ChunkPress
     inner = press if isinstance(press, ScorerPress) else getattr(press, "press", None)
     recorded = {}
@@ -372,6 +391,35 @@ def record_scores(press):
     return recorded
 
 
+def record_composed_scores(press, ref_keys):
+    """ComposedPress: a later stage scores the earlier stage's kept keys in torch.topk's order, not by
+    position. Each stage's scores are put back at the positions of the keys they score (found in the full
+    prefill's keys), the last stage's over the first's: {layer: [H, T]}, NaN where not scored."""
+    import torch
+    from kvpress import ScorerPress
+    recorded = {}
+    index = {}
+    for stage in press.presses:
+        if not isinstance(stage, ScorerPress):
+            continue
+        original = stage.score
+
+        def score(module, hidden_states, keys, *a, _original=original, **k):
+            s = _original(module, hidden_states, keys, *a, **k)
+            layer = int(module.layer_idx)
+            ref = ref_keys[layer]
+            H, T = ref.shape[0], ref.shape[1]
+            if layer not in index:
+                index[layer] = [{ref[h, t].numpy().tobytes(): t for t in range(T)} for h in range(H)]
+            row = recorded.setdefault(layer, torch.full((H, T), float("nan")))
+            for h in range(H):
+                for i in range(keys.shape[2]):
+                    row[h, index[layer][h][keys[0, h, i].numpy().tobytes()]] = float(s[0, h, i])
+            return s
+        stage.score = score
+    return recorded
+
+
 def kvpress_run(model, press, ids, q_ids, ref_keys, n_answer, eog=()):
     """Kept positions [layer][head] (sorted lists), the greedy answer under `press`, and the scores its
     ScorerPress gave ({layer: [H, T]}, empty for other presses)."""
@@ -379,7 +427,7 @@ def kvpress_run(model, press, ids, q_ids, ref_keys, n_answer, eog=()):
     from transformers import DynamicCache
     cache = DynamicCache()
     T = len(ids)
-    scores = record_scores(press)
+    scores = record_scores(press, ref_keys)
     with torch.no_grad():
         with press(model):
             model.model(input_ids=torch.tensor([ids]), past_key_values=cache)
@@ -476,7 +524,7 @@ def read_cache_file(path):
     return kept
 
 
-def kvzap_run(d, text, name, scope, tmp, n_answer, params=None, threshold=None, window=None):
+def kvzap_run(d, text, name, scope, tmp, n_answer, params=None, threshold=None, window=None, ratios=None):
     cache, ctx = os.path.join(tmp, "kvzap.cache"), os.path.join(tmp, "context.txt")
     with open(ctx, "w", encoding="utf-8") as f:
         f.write(text)
@@ -489,6 +537,8 @@ def kvzap_run(d, text, name, scope, tmp, n_answer, params=None, threshold=None, 
         args += ["--ratio", str(RATIO), "--ratio-scope", scope]
     for k, v in (params or {}).items():
         args += ["--press-param", "%s=%s" % (k, v)]
+    if ratios is not None:
+        args += ["--press-ratios", ":".join(repr(float(x)) for x in ratios)]
     p = subprocess.run(args, capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError("kvzap generate --press %s failed: %s" % (name, p.stderr.strip()[-600:]))
@@ -548,7 +598,7 @@ def main():
                 try:
                     for c, (text, ids) in enumerate(zip(texts, ctx_ids)):
                         k_ids, k_kept, k_answer = kvzap_run(d, text, P["name"], P["scope"], tmp, N_ANSWER, P["params"],
-                                                              P["threshold"], P["window"])
+                                                              P["threshold"], P["window"], P["ratios"])
                         if k_ids is not None and k_ids != ids:
                             raise RuntimeError("context %d: kvzap's token ids differ from the tokenizer's" % c)
                         torch.manual_seed(0)

@@ -1,5 +1,7 @@
 """Every press of the engine's registry is a Python class (kvpress's names where kvpress has the press),
 built from a press spec the engine checks, and runs in the pipeline."""
+import re
+
 import pytest
 
 import kvzap
@@ -10,7 +12,8 @@ KVPRESS_NAMES = ["KnormPress", "RandomPress", "StreamingLLMPress", "SnapKVPress"
                  "ObservedAttentionPress", "ExpectedAttentionPress", "PyramidKVPress", "KeyDiffPress", "LagKVPress",
                  "ChunkKVPress", "CURPress", "CompactorPress", "KVzipPress", "KVzapPress", "AdaKVPress", "DMSPress",
                  "SimLayerKVPress", "NonCausalAttnPress", "LeverageScorePress", "CapPress", "EntropyGatedChunkKVPress",
-                 "ChunkPress", "BlockPress", "CriticalKVPress", "CriticalAdaKVPress"]
+                 "ChunkPress", "BlockPress", "CriticalKVPress", "CriticalAdaKVPress",
+                 "PerLayerCompressionPress", "ComposedPress"]
 
 
 def test_kvpress_class_names_exist():
@@ -99,6 +102,34 @@ def test_adakv_and_dms_run(tiny):
     dms = kvzap.DMSPress(kvzap.RandomPress(), threshold=0.5, sliding_window_size=16)
     st = tiny(CONTEXT, question="Which lamp?", press=dms, max_new_tokens=2, temperature=0)["kv_stats"]
     assert 0.2 < st["evicted_fraction"] < 0.8
+
+
+def test_per_layer_compression_press(tiny):
+    p = kvzap.PerLayerCompressionPress(kvzap.SnapKVPress(window_size=16), compression_ratios=[0.0, 0.5])
+    assert p.spec["press"] == "per_layer_snapkv" and p.spec["ratios"] == [0.0, 0.5], p.spec
+    assert p.spec["window_size"] == 16 and "ratio" not in p.spec and p.compression_ratio == 0.25
+    with pytest.raises(kvzap.Error, match=r"ratios.*ratio 1 is 1\.5.*\[0, 1\)"):
+        kvzap.PerLayerCompressionPress(kvzap.KnormPress(), compression_ratios=[0.5, 1.5])
+    # One ratio per layer of the model, checked when the pipeline builds the press.
+    with pytest.raises(kvzap.Error, match=r"one ratio per layer: the model has \d+ layers, 1000 ratios given") as e:
+        tiny(CONTEXT, press=kvzap.PerLayerCompressionPress(kvzap.KnormPress(), [0.5] * 1000), max_new_tokens=1)
+    n_layer = int(re.search(r"the model has (\d+) layers", str(e.value)).group(1))
+    ratios = [0.5] * n_layer
+    ratios[0] = 0.0 if n_layer > 1 else 0.5  # a whole layer among them where the model has several
+    st = tiny(CONTEXT, question="Which lamp?", press=kvzap.PerLayerCompressionPress(kvzap.KnormPress(), ratios),
+              max_new_tokens=2, temperature=0)["kv_stats"]
+    want = sum(ratios) / n_layer
+    assert abs(st["evicted_fraction"] - want) < 0.05, (st, want)
+
+
+def test_composed_press(tiny):
+    p = kvzap.ComposedPress([kvzap.KnormPress(compression_ratio=0.5), kvzap.KnormPress(compression_ratio=0.5)])
+    assert p.spec["press"] == "composed_knorm+knorm" and p.spec["ratios"] == [0.5, 0.5], p.spec
+    st = tiny(CONTEXT, question="Which lamp?", press=p, max_new_tokens=2, temperature=0)["kv_stats"]
+    assert abs(st["evicted_fraction"] - 0.75) < 0.05, st  # the product of what each keeps
+    with pytest.raises(kvzap.Error, match="later stage must score each entry alone"):
+        tiny(CONTEXT, press=kvzap.ComposedPress([kvzap.KnormPress(compression_ratio=0.5),
+                                                 kvzap.SnapKVPress(compression_ratio=0.5)]), max_new_tokens=1)
 
 
 def test_kvzap_on_the_default_model(smol):

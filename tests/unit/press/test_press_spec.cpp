@@ -68,7 +68,7 @@ TEST(PressSpec, KeyChangesWithEveryField) {
       [](PressSpec& s) { s.window = 8; },              [](PressSpec& s) { s.sink_tokens = 4; },
       [](PressSpec& s) { s.prefill_evict_every = 6; }, [](PressSpec& s) { s.decoding = false; },
       [](PressSpec& s) { s.sliding_layers = false; },  [](PressSpec& s) { s.surrogate_dir = "/tmp/t"; },
-      [](PressSpec& s) { s.seed = 10; },
+      [](PressSpec& s) { s.seed = 10; },              [](PressSpec& s) { s.ratios = {0.5}; },
   };
   for (size_t i = 0; i < changes.size(); i++) {
     PressSpec c = base;
