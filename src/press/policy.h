@@ -131,6 +131,29 @@ class BudgetSplit {
   virtual void mark_evictions(const KvCache& cache, const CacheScores& scores, double ratio, EvictionMask& drop) = 0;
 };
 
+// A budget split around another press's scores (AdaKV, DMS on a context, per-layer ratios): everything but
+// the choice of what to evict goes to the inner scorer, whether it scores step by step or the whole cache.
+class WrappedBudgetScorer : public Scorer, public CacheScorer, public BudgetSplit {
+ public:
+  explicit WrappedBudgetScorer(std::unique_ptr<Scorer> inner)
+      : inner_(std::move(inner)), cache_inner_(dynamic_cast<CacheScorer*>(inner_.get())) {}
+
+  bool per_step() const override { return inner_->per_step(); }
+  bool scores_sliding_layers() const override { return inner_->scores_sliding_layers(); }
+  void score_step(const LayerStep& step, const KvCache& cache, float* out) override { inner_->score_step(step, cache, out); }
+  void score_context(ContextView& ctx, CacheScores& out) override { inner_->score_context(ctx, out); }
+  void observe_step(const LayerStep& step, const KvCache& cache) override { inner_->observe_step(step, cache); }
+  void reset() override { inner_->reset(); }
+  void set_pool(ThreadPool* pool) override {
+    if (cache_inner_) cache_inner_->set_pool(pool);
+  }
+  void score_cache(const KvCache& cache, CacheScores& out) override;  // throws when the inner press has none
+
+ protected:
+  std::unique_ptr<Scorer> inner_;
+  CacheScorer* cache_inner_;  // inner_ as a CacheScorer, or null
+};
+
 // Fixed-ratio policy (kvpress ScorerPress / KVzipPress budgets): scores every context entry, then
 // evicts the lowest fraction once the context is prefilled. Never touches later tokens.
 class RatioPress : public Press {

@@ -12,6 +12,11 @@
 
 namespace kvzap {
 
+void WrappedBudgetScorer::score_cache(const KvCache& cache, CacheScores& out) {
+  if (!cache_inner_) throw Error("internal: this press needs the session to score a context");
+  cache_inner_->score_cache(cache, out);
+}
+
 RatioScope parse_ratio_scope(const std::string& s) {
   if (s == "global") return RatioScope::Global;
   if (s == "layer") return RatioScope::Layer;

@@ -10,25 +10,10 @@
 namespace kvzap {
 namespace {
 
-class AdaKvScorer : public Scorer, public CacheScorer, public BudgetSplit {
+class AdaKvScorer : public WrappedBudgetScorer {
  public:
   AdaKvScorer(std::unique_ptr<Scorer> inner, double alpha)
-      : inner_(std::move(inner)), cache_inner_(dynamic_cast<CacheScorer*>(inner_.get())), alpha_(alpha) {}
-
-  bool per_step() const override { return inner_->per_step(); }
-  bool scores_sliding_layers() const override { return inner_->scores_sliding_layers(); }
-  void score_step(const LayerStep& step, const KvCache& cache, float* out) override { inner_->score_step(step, cache, out); }
-  void score_context(ContextView& ctx, CacheScores& out) override { inner_->score_context(ctx, out); }
-  void observe_step(const LayerStep& step, const KvCache& cache) override { inner_->observe_step(step, cache); }
-  void reset() override { inner_->reset(); }
-
-  void set_pool(ThreadPool* pool) override {
-    if (cache_inner_) cache_inner_->set_pool(pool);
-  }
-  void score_cache(const KvCache& cache, CacheScores& out) override {
-    if (!cache_inner_) throw Error("internal: this press needs the session to score a context");
-    cache_inner_->score_cache(cache, out);
-  }
+      : WrappedBudgetScorer(std::move(inner)), alpha_(alpha) {}
 
   std::string budget_name() const override { return "adakv"; }
   void mark_evictions(const KvCache& cache, const CacheScores& scores, double ratio, EvictionMask& drop) override {
@@ -36,8 +21,6 @@ class AdaKvScorer : public Scorer, public CacheScorer, public BudgetSplit {
   }
 
  private:
-  std::unique_ptr<Scorer> inner_;
-  CacheScorer* cache_inner_;
   double alpha_;  // kvpress alpha_safeguard
 };
 

@@ -1,4 +1,4 @@
-// DMS (docs/ALGORITHMS.md §8.x, kvpress DMSPress) around a press that scores the whole context (SnapKV, TOVA,
+// DMS (docs/ALGORITHMS.md §8.30, kvpress DMSPress) around a press that scores the whole context (SnapKV, TOVA,
 // ...): kvpress scores the prefill in one pass, so the context is judged once it is complete. Entries scoring
 // below the threshold are evicted for real (kvpress only masks them), except the last `window` positions of
 // the context. Per-token scorers under dms_<press> need no wrapper: the threshold policy (threshold.cpp) is
@@ -12,25 +12,12 @@
 namespace kvzap {
 namespace {
 
-class DmsContextScorer : public Scorer, public CacheScorer, public BudgetSplit {
+class DmsContextScorer : public WrappedBudgetScorer {
  public:
   DmsContextScorer(std::unique_ptr<Scorer> inner, double threshold, int window, int sink_tokens)
-      : inner_(std::move(inner)), cache_inner_(dynamic_cast<CacheScorer*>(inner_.get())), threshold_(threshold),
-        window_(window), sink_tokens_(sink_tokens) {}
+      : WrappedBudgetScorer(std::move(inner)), threshold_(threshold), window_(window), sink_tokens_(sink_tokens) {}
 
   bool per_step() const override { return false; }
-  bool scores_sliding_layers() const override { return inner_->scores_sliding_layers(); }
-  void score_context(ContextView& ctx, CacheScores& out) override { inner_->score_context(ctx, out); }
-  void observe_step(const LayerStep& step, const KvCache& cache) override { inner_->observe_step(step, cache); }
-  void reset() override { inner_->reset(); }
-  void set_pool(ThreadPool* pool) override {
-    if (cache_inner_) cache_inner_->set_pool(pool);
-  }
-  void score_cache(const KvCache& cache, CacheScores& out) override {
-    if (!cache_inner_) throw Error("internal: this press needs the session to score a context");
-    cache_inner_->score_cache(cache, out);
-  }
-
   std::string budget_name() const override {
     char buf[96];
     std::snprintf(buf, sizeof buf, "threshold %g, window %d%s", threshold_, window_, sink_tokens_ > 0 ? ", sinks" : "");
@@ -59,8 +46,6 @@ class DmsContextScorer : public Scorer, public CacheScorer, public BudgetSplit {
   }
 
  private:
-  std::unique_ptr<Scorer> inner_;
-  CacheScorer* cache_inner_;
   double threshold_;
   int window_;
   int sink_tokens_;

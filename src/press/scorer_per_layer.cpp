@@ -1,4 +1,4 @@
-// PerLayerCompressionPress (kvpress; docs/ALGORITHMS.md §8.per-layer) around a press: the press's scores,
+// PerLayerCompressionPress (kvpress; docs/ALGORITHMS.md §8.31) around a press: the press's scores,
 // but layer l keeps kvpress_n_kept(ratios[l], T) entries of each head, as kvpress's ScorerPress does when
 // PerLayerCompressionPress sets its compression_ratio to ratios[l] for that layer's hook. Unlike kvpress
 // (whose layers just hold tensors of different lengths), the evicted pages are freed. Not registered
@@ -9,27 +9,13 @@
 namespace kvzap {
 namespace {
 
-class PerLayerScorer : public Scorer, public CacheScorer, public BudgetSplit {
+class PerLayerScorer : public WrappedBudgetScorer {
  public:
   PerLayerScorer(std::unique_ptr<Scorer> inner, std::vector<double> ratios)
-      : inner_(std::move(inner)), cache_inner_(dynamic_cast<CacheScorer*>(inner_.get())), ratios_(std::move(ratios)) {}
+      : WrappedBudgetScorer(std::move(inner)), ratios_(std::move(ratios)) {}
 
-  bool per_step() const override { return inner_->per_step(); }
-  bool scores_sliding_layers() const override { return inner_->scores_sliding_layers(); }
-  void score_step(const LayerStep& step, const KvCache& cache, float* out) override { inner_->score_step(step, cache, out); }
-  void score_context(ContextView& ctx, CacheScores& out) override { inner_->score_context(ctx, out); }
-  void observe_step(const LayerStep& step, const KvCache& cache) override { inner_->observe_step(step, cache); }
-  void reset() override { inner_->reset(); }
   int h_readout_dim(int layer) const override { return inner_->h_readout_dim(layer); }
   void h_readout(int layer, const float* h, int64_t n, float* out) const override { inner_->h_readout(layer, h, n, out); }
-
-  void set_pool(ThreadPool* pool) override {
-    if (cache_inner_) cache_inner_->set_pool(pool);
-  }
-  void score_cache(const KvCache& cache, CacheScores& out) override {
-    if (!cache_inner_) throw Error("internal: this press needs the session to score a context");
-    cache_inner_->score_cache(cache, out);
-  }
 
   std::string budget_name() const override { return "per-layer ratios"; }
   // `ratio` (their mean, kvpress's compression_ratio property) is only shown: each layer takes its own.
@@ -50,8 +36,6 @@ class PerLayerScorer : public Scorer, public CacheScorer, public BudgetSplit {
   }
 
  private:
-  std::unique_ptr<Scorer> inner_;
-  CacheScorer* cache_inner_;
   std::vector<double> ratios_;  // [n_layer]
 };
 
