@@ -21,6 +21,8 @@ import tarfile
 
 VERSION = os.environ.get("LLAMACPP_PY_VERSION", "0.3.36")
 PEER_DIR = os.environ.get("KVZAP_PEER_DIR", os.path.expanduser("~/.cache/kvzap/llamacpp-%s" % VERSION))
+# scripts/build_llamacpp.sh builds into a prefix ending in -noamx on hosts whose AMX faults; the sdist is there.
+PEER_DIRS = [PEER_DIR] if "KVZAP_PEER_DIR" in os.environ else [PEER_DIR, PEER_DIR + "-noamx"]
 
 RUNNER = r"""
 import importlib.machinery, json, os, re, sys, types
@@ -66,8 +68,11 @@ convert.main()
 
 
 def sdist_path():
-    found = sorted(glob.glob(os.path.join(PEER_DIR, "llama_cpp_python-%s.tar.gz" % VERSION)))
-    return found[0] if found else None
+    for d in PEER_DIRS:
+        found = sorted(glob.glob(os.path.join(d, "llama_cpp_python-%s.tar.gz" % VERSION)))
+        if found:
+            return found[0]
+    return None
 
 
 def converter_root(work):
@@ -78,7 +83,7 @@ def converter_root(work):
         return root, None
     sdist = sdist_path()
     if not sdist:
-        return None, "no llama-cpp-python %s sdist in %s (bash scripts/build_llamacpp.sh fetches it)" % (VERSION, PEER_DIR)
+        return None, "no llama-cpp-python %s sdist in %s (bash scripts/build_llamacpp.sh fetches it)" % (VERSION, " or ".join(PEER_DIRS))
     prefix = "llama_cpp_python-%s/vendor/llama.cpp/" % VERSION
     wanted = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
     os.makedirs(root, exist_ok=True)
