@@ -35,7 +35,7 @@ def strip(v):
 
 
 def press_cases(binary):
-    presses = json.loads(subprocess.run([binary, "presses", "--json"], check=True, capture_output=True, text=True).stdout)
+    presses = json.loads(subprocess.run([binary, "presses", "--json"], check=True, capture_output=True, text=True).stdout)["presses"]
     cases = []
     for p in presses:
         name = p["name"]

@@ -79,9 +79,13 @@ kvzap_status kvzap_chat_tokens(const kvzap_model* model, const char* messages_js
                                int32_t** ids_out, size_t* n_out);
 
 /* ---- presses ---- */
-/* Every registered press: [{"name", "description", "supports_threshold", "kvpress_ratio_scope",
- *  "python_class", "kvpress_class"}, ...] (python_class: the Python package's class, kvpress's name where
- *  kvpress has the press, kvpress_class true then). */
+/* The press catalogue, as `kvzap presses --json` prints it: {"presses": [{"name", "description", "policies",
+ *  "supports_threshold", "own_budget", "kvpress_ratio_scope", "kvpress_parity", "python_class", "kvpress_class",
+ *  "params", "demo_params"}, ...], "families": [{"pattern", "kvpress_class", "example", "description",
+ *  "kvpress_parity"}, ...], "kvpress_gaps": [{"kvpress_class", "name", "reason"}, ...]}. python_class: the
+ *  Python package's class, kvpress's name where kvpress has the press (kvpress_class true then); families:
+ *  names built around any press (adakv_<press>, dms_<press>, ...); kvpress_gaps: kvpress's presses kvzap lacks
+ *  and why. */
 kvzap_status kvzap_presses(char** json_out);
 /* A press spec JSON ({"press": name, "threshold" | "ratio", "ratio_scope", "window", "sink_tokens",
  * "prefill_evict_every", "decoding", "sliding_layers", "surrogate", "seed"}) checked field by field and

@@ -23,7 +23,7 @@ from . import _kvzap
 from ._kvzap import Error
 
 
-__all__ = ["Error", "Pipeline", "BasePress", "pipeline", "presses", "data_dir", "version", "AdaKVPress", "DMSPress"]
+__all__ = ["Error", "Pipeline", "BasePress", "pipeline", "presses", "press_families", "kvpress_gaps", "data_dir", "version", "AdaKVPress", "DMSPress"]
 
 version = _kvzap.version()
 data_dir = _kvzap.data_dir
@@ -61,11 +61,8 @@ class BasePress:
         return f"{type(self).__name__}({args})"
 
 
-def _registry() -> dict:
-    return {p["name"]: p for p in json.loads(_kvzap.presses())}
-
-
-_REGISTRY = _registry()
+_CATALOGUE = json.loads(_kvzap.presses())  # {"presses", "families", "kvpress_gaps"} (kvzap presses --json)
+_REGISTRY = {p["name"]: p for p in _CATALOGUE["presses"]}
 
 
 def _make_class(entry: dict) -> type:
@@ -206,6 +203,17 @@ __all__.append("KVzapPress")
 def presses() -> list:
     """Every press of the engine's registry: name, description, Python class, whether kvpress has it."""
     return list(_REGISTRY.values())
+
+
+def press_families() -> list:
+    """The name families built around any press (adakv_<press>, dms_<press>, per_layer_<press>,
+    composed_<a>+<b>): pattern, kvpress class, an example name, description, kvpress parity."""
+    return list(_CATALOGUE["families"])
+
+
+def kvpress_gaps() -> list:
+    """kvpress's presses that kvzap does not have: kvpress class, the name it would have, and why."""
+    return list(_CATALOGUE["kvpress_gaps"])
 
 
 class Pipeline:

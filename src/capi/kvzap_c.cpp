@@ -27,6 +27,7 @@
 #include "eval/ruler.h"
 #include "eval/runner.h"
 #include "kvzap/error.h"
+#include "press/catalogue.h"
 #include "press/press.h"
 #include "press/press_spec.h"
 #include "press/surrogate.h"
@@ -211,45 +212,6 @@ void apply_generation_json(const json& j, const std::string& where, GenerateOpti
   }
 }
 
-// The Python class of each registered press: kvpress's class name where kvpress has that press (front-end
-// naming only; what a press does and its defaults stay in the registry). Presses kvpress lacks get a
-// CamelCase name of their own. kvzap-linear / kvzap-mlp are one class, KVzapPress(model_type=...).
-std::string python_class(const std::string& name) {
-  static const std::pair<const char*, const char*> kvpress[] = {
-      {"knorm", "KnormPress"},          {"random", "RandomPress"},
-      {"streaming_llm", "StreamingLLMPress"}, {"snapkv", "SnapKVPress"},
-      {"tova", "TOVAPress"},            {"observed_attention", "ObservedAttentionPress"},
-      {"expected_attention", "ExpectedAttentionPress"}, {"pyramidkv", "PyramidKVPress"},
-      {"keydiff", "KeyDiffPress"},      {"lagkv", "LagKVPress"},
-      {"chunkkv", "ChunkKVPress"},      {"cur", "CURPress"},
-      {"compactor", "CompactorPress"},  {"kvzip", "KVzipPress"},
-      {"kvzip+", "KVzipPlusPress"},     {"kvzap-linear", "KVzapPress"},
-      {"kvzap-mlp", "KVzapPress"},      {"simlayerkv", "SimLayerKVPress"},
-      {"non_causal_attn", "NonCausalAttnPress"}, {"leverage_score", "LeverageScorePress"},
-      {"cap", "CapPress"},              {"entropy_gated_chunkkv", "EntropyGatedChunkKVPress"}};
-  for (const auto& [n, c] : kvpress)
-    if (name == n) return c;
-  std::string out;
-  bool up = true;
-  for (char ch : name) {
-    if (ch == '_' || ch == '-' || ch == '+') {
-      up = true;
-      continue;
-    }
-    out += up ? (char)std::toupper((unsigned char)ch) : ch;
-    up = false;
-  }
-  return out + "Press";
-}
-
-// kvpress compositions (AdaKVPress(press), ChunkPress(press), BlockPress(press), CriticalKVPress(press), ...)
-// are registered presses of their own here; Python builds them from the wrapper classes.
-bool is_kvpress_class(const std::string& name) {
-  for (const char* wrapped : {"adakv_", "chunk_", "block_", "critical_"})
-    if (name.rfind(wrapped, 0) == 0) return false;
-  return name != "kvzip+" && name != "expected_attention_uniform";
-}
-
 json answer_json(const GenerateResult& r) {
   return {{"text", r.text}, {"tokens", r.tokens}, {"stop_reason", r.stop_reason}, {"n_prompt_tokens", r.n_prompt},
           {"n_generated", r.tokens.size()}, {"prefill_seconds", r.prefill_seconds}, {"decode_seconds", r.decode_seconds}};
@@ -364,16 +326,7 @@ kvzap_status kvzap_chat_tokens(const kvzap_model* model, const char* messages_js
 // ---- presses ----
 
 kvzap_status kvzap_presses(char** json_out) {
-  return guarded_args([&] {
-    json arr = json::array();
-    for (const ScorerEntry& e : scorer_registry())
-      arr.push_back({{"name", e.name}, {"description", e.description}, {"supports_threshold", e.supports_threshold},
-                     {"kvpress_ratio_scope", e.traits.kvpress_ratio_scope},
-                     {"python_class", python_class(e.name)}, {"kvpress_class", is_kvpress_class(e.name)},
-                     {"params", press_params_json(e.traits)}, {"own_budget", e.traits.own_budget},
-                     {"demo_params", e.traits.demo_params}});
-    out_json(json_out, arr);
-  });
+  return guarded_args([&] { out_json(json_out, press_catalogue_json()); });
 }
 
 kvzap_status kvzap_press_spec_normalize(const char* spec_json, char** json_out) {

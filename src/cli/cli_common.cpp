@@ -98,9 +98,11 @@ PressSpec PressArgs::spec() const {
     const std::string text = eq == std::string::npos ? "" : a.substr(eq + 1);
     const bool boolean = text == "true" || text == "True" || text == "false" || text == "False";
     if (boolean) v = text[0] == 't' || text[0] == 'T' ? 1 : 0;
-    if (eq == std::string::npos || eq == 0 || (!boolean && (end == a.c_str() + eq + 1 || *end != '\0')))
-      throw Error("--press-param takes NAME=VALUE with a number (or true / false), got '" + a + "'");
-    patch.params[a.substr(0, eq)] = {v, "--press-param " + a.substr(0, eq)};
+    if (eq == std::string::npos || eq == 0 || text.empty())
+      throw Error("--press-param takes NAME=VALUE with a number, true / false or one of the parameter's words, got '" + a + "'");
+    // Not a number: a choice parameter's word (leverage_type=key), checked against the press.
+    const bool word = !boolean && (end == a.c_str() + eq + 1 || *end != '\0');
+    patch.params[a.substr(0, eq)] = {word ? 0 : v, word ? text : "", "--press-param " + a.substr(0, eq)};
   }
   return press_spec_apply(o, patch);  // checks each against the press's declared parameters
 }

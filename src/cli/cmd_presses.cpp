@@ -4,11 +4,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <nlohmann/json.hpp>
 
 #include "cli/cli_common.h"
 #include "cli/command.h"
+#include "press/catalogue.h"
 #include "press/press.h"
+#include "press/press_spec.h"
 
 namespace kvzap::cli {
 namespace {
@@ -20,35 +21,25 @@ std::string policies(const ScorerEntry& e) {
 
 std::string params_text(const PressTraits& t) {
   std::string s;
-  char buf[64];
   for (const PressParam& p : t.params) {
-    std::snprintf(buf, sizeof buf, "%g", p.default_value);
-    s += (s.empty() ? "" : ", ") + p.name + "=" + buf;
+    s += (s.empty() ? "" : ", ") + p.name + "=" + press_param_text(p, p.default_value);
+    if (!p.choices.empty()) {
+      std::string words;
+      for (const std::string& w : p.choices) words += (words.empty() ? "" : "|") + w;
+      s += " (" + words + ")";
+    }
   }
   return s;
 }
 
 int run_presses(bool json) {
+  if (json) {
+    std::printf("%s\n", json_dump(press_catalogue_json(), 2).c_str());
+    return 0;
+  }
   std::vector<const ScorerEntry*> entries;
   for (const ScorerEntry& e : scorer_registry()) entries.push_back(&e);
   std::sort(entries.begin(), entries.end(), [](const ScorerEntry* a, const ScorerEntry* b) { return a->name < b->name; });
-  if (json) {
-    nlohmann::json out = nlohmann::json::array();
-    for (const ScorerEntry* e : entries) {
-      nlohmann::json pol = nlohmann::json::array();
-      if (e->traits.own_budget) {
-        pol.push_back("own_budget");
-      } else {
-        if (e->supports_threshold) pol.push_back("threshold");
-        pol.push_back("ratio");
-      }
-      out.push_back({{"name", e->name}, {"description", e->description}, {"policies", pol},
-                     {"kvpress_parity", e->traits.kvpress_parity.empty() ? "not compared" : e->traits.kvpress_parity},
-                     {"params", press_params_json(e->traits)}});
-    }
-    std::printf("%s\n", json_dump(out, 2).c_str());
-    return 0;
-  }
   size_t w = 4;
   for (const ScorerEntry* e : entries) w = std::max(w, e->name.size());
   std::printf("%-*s  %-16s  %s\n", (int)w, "NAME", "POLICIES", "DESCRIPTION");
@@ -59,17 +50,10 @@ int run_presses(bool json) {
     if (!e->traits.params.empty())
       std::printf("%-*s  %-16s  parameters (--press-param): %s\n", (int)w, "", "", params_text(e->traits).c_str());
   }
-  std::printf("\nadakv_<press>: any press under AdaKV's budget (kvpress AdaKVPress), with the press's parameters and "
-              "alpha_safeguard=0.2; parity in docs/PARITY.md\n");
-  std::printf("dms_<press>: any press's scores under a threshold (kvpress DMSPress; policy: threshold, window=128 most "
-              "recent tokens kept; a per-token press also with --decode-press, a whole-context press judged once the "
-              "context is prefilled), with the press's parameters; kvpress parity: exact for dms_knorm, dms_keydiff, "
-              "dms_snapkv and dms_tova (docs/PARITY.md)\n");
-  std::printf("per_layer_<press>: a per-head ratio press with one ratio per layer (kvpress PerLayerCompressionPress), "
-              "--press-ratios R0:R1:... ; kvpress parity: %s\n", press_traits("per_layer_knorm").kvpress_parity.c_str());
-  std::printf("composed_<a>+<b>[+...]: presses applied in turn, each on what the previous kept (kvpress ComposedPress), "
-              "one ratio per stage, --press-ratios Ra:Rb ; later stages score each entry alone (per-token presses such as "
-              "knorm); kvpress parity: %s\n", press_traits("composed_snapkv+knorm").kvpress_parity.c_str());
+  std::printf("\nFamilies built around any press (not listed above):\n");
+  for (const PressFamily& f : press_families())
+    std::printf("%s (kvpress %s, e.g. %s): %s; kvpress parity: %s\n", f.pattern.c_str(), f.kvpress_class.c_str(),
+                f.example.c_str(), f.description.c_str(), f.kvpress_parity.c_str());
   const auto gaps = kvpress_gaps();
   std::printf("\nkvpress presses kvzap does not have (%zu):\n", gaps.size());
   size_t gw = 0;

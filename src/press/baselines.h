@@ -138,9 +138,14 @@ std::unique_ptr<Scorer> make_dms_context_scorer(std::unique_ptr<Scorer> inner, d
 // each head (one ratio per layer of the cache, each in [0, 1)); the ratio policy calls it as a BudgetSplit.
 std::unique_ptr<Scorer> make_per_layer_scorer(std::unique_ptr<Scorer> inner, std::vector<double> ratios);
 std::unique_ptr<Scorer> make_keydiff_scorer();
-std::unique_ptr<Scorer> make_lagkv_scorer(int64_t n_sink = 4, int64_t lag_size = 128);
+// cross_scoring (kvpress's, "experimental"): the partition's softmaxed spread itself, not its rank, so scores
+// compare across partitions.
+std::unique_ptr<Scorer> make_lagkv_scorer(int64_t n_sink = 4, int64_t lag_size = 128, bool cross_scoring = false);
 std::unique_ptr<Scorer> make_chunkkv_scorer(const ModelConfig& c, int64_t chunk_length = 20);
-std::unique_ptr<Scorer> make_cur_scorer(int64_t num_sinks = 4, int64_t local_window_size = 16, bool use_local_approximation = true);
+// kvpress CURPress leverage_type, in the order of the parameter's choices.
+enum class CurLeverage { key, value, kv_avg, kv_product };
+std::unique_ptr<Scorer> make_cur_scorer(int64_t num_sinks = 4, int64_t local_window_size = 16, bool use_local_approximation = true,
+                                        CurLeverage leverage = CurLeverage::kv_product);
 // SimLayerKV (press/scorer_simlayerkv.cpp): its own budget (BudgetSplit::uses_ratio false), whole lazy layers
 // cut to their first n_initial and last n_recent - n_last entries. Throws kvzap::Error unless n_recent > n_last.
 std::unique_ptr<Scorer> make_simlayerkv_scorer(const ModelConfig& c, double lazy_threshold, int n_last = 1,
@@ -163,6 +168,8 @@ std::unique_ptr<Scorer> make_compactor_scorer(const ModelConfig& c, double blend
 // sketch_dimension) and the options a spec gives.
 std::vector<PressParam> compactor_params();
 NonCausalOptions compactor_options(const PressSpec& spec);
+// The blending weight a spec asks for: its "blending" parameter, or the compression ratio (kvpress's default).
+double compactor_blending(const PressSpec& spec);
 
 // CriticalKV (kvpress CriticalKVPress, press/scorer_critical_snapkv.cpp) around a context scorer: the best
 // max(1, int((1 - ratio) T / 2)) entries of each head kept, every other score times ||W_O^(q) v||_1.

@@ -144,6 +144,9 @@ struct PressParam {
   double min, max;
   bool integer;
   std::string help;
+  // A parameter kvpress takes as one of a few words (CURPress leverage_type="key"): the words, the value being
+  // the chosen word's index (default_value too). Given by the word in JSON, Python and --press-param.
+  std::vector<std::string> choices = {};
 };
 
 // What the registry knows of a press besides its factory: capabilities and defaults, so that no code

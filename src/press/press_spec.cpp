@@ -1,5 +1,6 @@
 #include "press/press_spec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -106,9 +107,11 @@ PressSpecPatch parse_press_spec_patch(const json& v, const std::string& where, b
     } else if (key == "surrogate" && allow_host_paths) {
       s.surrogate = text(val, f);
     } else if (val.is_number()) {
-      s.params[key] = {number_in(val, f, -1e9, 1e9), f};  // checked against the press in press_spec_apply
+      s.params[key] = {number_in(val, f, -1e9, 1e9), "", f};  // checked against the press in press_spec_apply
     } else if (val.is_boolean()) {
-      s.params[key] = {val.get<bool>() ? 1.0 : 0.0, f};  // kvpress's boolean arguments (use_vnorm=False): 0 / 1
+      s.params[key] = {val.get<bool>() ? 1.0 : 0.0, "", f};  // kvpress's boolean arguments (use_vnorm=False): 0 / 1
+    } else if (val.is_string() && !val.get<std::string>().empty()) {
+      s.params[key] = {0, val.get<std::string>(), f};  // a choice parameter's word (leverage_type="key")
     } else {
       throw Error("unknown field '" + f + "' (expected " + std::string(kSpecFields) + (allow_host_paths ? ", surrogate" : "") +
                   ", or a parameter of the press)");
@@ -124,7 +127,7 @@ PressSpecPatch parse_press_spec_patch(const json& v, const std::string& where, b
       for (const ScorerEntry& e : scorer_registry())
         for (const PressParam& d : e.traits.params) declared |= d.name == key;
     if (!declared && !(s.press && !find_press_entry(*s.press)))
-      throw Error("unknown field '" + given.second + "' (expected " + kSpecFields + (allow_host_paths ? ", surrogate" : "") +
+      throw Error("unknown field '" + given.field + "' (expected " + kSpecFields + (allow_host_paths ? ", surrogate" : "") +
                   (s.press ? ", or a parameter of press '" + *s.press + "': " + declared_params(press_traits(*s.press))
                            : std::string(", or a parameter of the press")) + ")");
   }
@@ -150,13 +153,28 @@ PressSpec press_spec_apply(const PressSpec& base, const PressSpecPatch& p) {
   if (p.ratios) out.ratios = *p.ratios;
   const PressTraits& traits = press_traits(out.name);
   for (const auto& [key, given] : p.params) {
-    const auto& [value, field] = given;
+    const std::string& field = given.field;
+    double value = given.value;
     const PressParam* decl = nullptr;
     for (const PressParam& d : traits.params)
       if (d.name == key) decl = &d;
     if (!decl)
       throw Error("unknown field '" + field + "' (expected " + kSpecFields + ", or a parameter of press '" + out.name +
                   "': " + declared_params(traits) + ")");
+    if (!given.word.empty() || !decl->choices.empty()) {
+      std::string words;
+      for (const std::string& w : decl->choices) words += (words.empty() ? "" : ", ") + w;
+      // The client's word, echoed at most 64 bytes long (a hostile request may send megabytes).
+      size_t cut = std::min<size_t>(given.word.size(), 64);
+      while (cut < given.word.size() && cut > 0 && ((unsigned char)given.word[cut] & 0xC0) == 0x80) cut--;  // whole UTF-8
+      const std::string echoed = given.word.substr(0, cut) + (cut < given.word.size() ? "..." : "");
+      if (decl->choices.empty())
+        throw Error("'" + field + "' must be a number (" + decl->help + "), got \"" + echoed + "\"");
+      const auto it = std::find(decl->choices.begin(), decl->choices.end(), given.word);
+      if (!given.word.empty() && it == decl->choices.end())
+        throw Error("'" + field + "' must be one of " + words + " (" + decl->help + "), got \"" + echoed + "\"");
+      if (!given.word.empty()) value = (double)(it - decl->choices.begin());
+    }
     if (!(value >= decl->min && value <= decl->max) || (decl->integer && value != std::floor(value))) {
       char range[96];
       std::snprintf(range, sizeof range, "%s in [%g, %g]", decl->integer ? "an integer" : "a number", decl->min, decl->max);
@@ -190,16 +208,32 @@ json press_spec_to_json(const PressSpec& s) {
   if (s.has_ratio) j["ratio"] = s.ratio;
   if (!s.surrogate_dir.empty()) j["surrogate"] = s.surrogate_dir;
   if (!s.ratios.empty()) j["ratios"] = s.ratios;
-  for (const auto& [k, v] : s.params) j[k] = v;
+  const PressTraits& traits = press_traits(s.name);
+  for (const auto& [k, v] : s.params) {
+    j[k] = v;
+    for (const PressParam& d : traits.params)
+      if (d.name == k && !d.choices.empty()) j[k] = press_param_text(d, v);  // the word, as it was given
+  }
   return j;
 }
 
 json press_params_json(const PressTraits& traits) {
   json arr = json::array();
-  for (const PressParam& p : traits.params)
-    arr.push_back({{"name", p.name}, {"default", p.default_value}, {"min", p.min}, {"max", p.max}, {"integer", p.integer},
-                   {"help", p.help}});
+  for (const PressParam& p : traits.params) {
+    json d = {{"name", p.name}, {"default", p.default_value}, {"min", p.min}, {"max", p.max}, {"integer", p.integer},
+              {"help", p.help}};
+    if (!p.choices.empty()) d["choices"] = p.choices, d["default"] = press_param_text(p, p.default_value);
+    arr.push_back(std::move(d));
+  }
   return arr;
+}
+
+std::string press_param_text(const PressParam& p, double value) {
+  if (!p.choices.empty() && value >= 0 && value < (double)p.choices.size() && value == std::floor(value))
+    return p.choices[(size_t)value];
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%g", value);
+  return buf;
 }
 
 std::string press_spec_key(const PressSpec* s) {

@@ -62,9 +62,14 @@ struct PressSpecPatch {
   std::optional<std::string> surrogate;  // a folder on the host: trusted front ends only
   std::optional<uint64_t> seed;
   std::optional<std::vector<double>> ratios;
-  // Any other numeric field: a press parameter, checked by press_spec_apply against the press it ends up
-  // naming. name -> (value, the field's path for error messages).
-  std::map<std::string, std::pair<double, std::string>> params;
+  // Any other number, boolean or word: a press parameter, checked by press_spec_apply against the press it
+  // ends up naming (a word must be one of the parameter's choices).
+  struct GivenParam {
+    double value = 0;
+    std::string word;   // non-empty: given as a word (PressParam::choices)
+    std::string field;  // the field's path, for error messages
+  };
+  std::map<std::string, GivenParam> params;
 };
 
 // Parses `v` (an object) field by field; errors (kvzap::Error) name the field as `<where>.<key>`.
@@ -83,8 +88,11 @@ std::vector<double> parse_ratio_list(const std::string& text, const std::string&
 // Checks every value is in [0, 1) (kvpress asserts 0 <= compression_ratio < 1); throws kvzap::Error naming `where`.
 void check_ratio_list(const std::vector<double>& ratios, const std::string& where);
 struct PressTraits;
+struct PressParam;
 // The parameters a press declares, as JSON: [{"name", "default", "min", "max", "integer", "help"}].
 nlohmann::json press_params_json(const PressTraits& traits);
+// A parameter's value as a user writes it: the word of a choice parameter, else the number ("%g").
+std::string press_param_text(const PressParam& p, double value);
 // Canonical text of every field (equal keys = equal behaviour); "none" for no press.
 std::string press_spec_key(const PressSpec* s);
 

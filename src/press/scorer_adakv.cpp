@@ -38,6 +38,11 @@ PressParam adakv_alpha_safeguard_param() {
 }
 
 namespace {
+std::vector<PressParam> with_alpha_safeguard(std::vector<PressParam> params) {
+  params.push_back(adakv_alpha_safeguard_param());
+  return params;
+}
+
 RegisterScorer reg_snapkv({"adakv_snapkv",
                            "AdaKV(SnapKV): per-layer budget shared by the heads, each keeps >= 20% of its share "
                            "(also adakv_<any press>, or --ratio-scope adakv)",
@@ -55,10 +60,11 @@ RegisterScorer reg_snapkv({"adakv_snapkv",
                             .kvpress_parity = "exact (kvpress AdaKVPress(SnapKVPress))"}});
 RegisterScorer reg_compactor({"adakv_compactor", "AdaKV(Compactor), the kvpress leaderboard's Compactor entry", false,
                               [](const PressSpec& o, const Model& m) {
-                                return make_adakv_scorer(make_compactor_scorer(m.config(), o.ratio, o.seed),
+                                return make_adakv_scorer(make_compactor_scorer(m.config(), compactor_blending(o), o.seed,
+                                                                               compactor_options(o)),
                                                          press_param(o, "alpha_safeguard"));
                               },
-                              {.params = {adakv_alpha_safeguard_param()},
+                              {.params = with_alpha_safeguard(compactor_params()),
                                .kvpress_parity = "cannot match exactly: kvpress draws its Gaussian sketch unseeded (Jaccard ~0.9)"}});
 }  // namespace
 

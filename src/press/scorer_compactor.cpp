@@ -217,7 +217,13 @@ std::vector<PressParam> compactor_params() {
   return {{"sink_size_start", 8, 0, 1 << 20, true, "the first tokens always kept"},
           {"sink_size_end", 4, 0, 1 << 20, true, "the last tokens always kept"},
           {"chunk_size", 256, 1, 1 << 16, true, "the non-causal attention's tile length"},
-          {"sketch_dimension", 48, 1, 1024, true, "the leverage's Gaussian sketch width"}};
+          {"sketch_dimension", 48, 1, 1024, true, "the leverage's Gaussian sketch width"},
+          {"blending", -1, -1, 1e6, false, "the leverage's weight against attention; -1: the compression ratio (kvpress's None)"}};
+}
+
+double compactor_blending(const PressSpec& o) {
+  const double b = press_param(o, "blending");
+  return b >= 0 ? b : o.ratio;
 }
 
 std::unique_ptr<Scorer> make_non_causal_scorer(const ModelConfig& c, const NonCausalOptions& o) {
@@ -229,7 +235,7 @@ RegisterScorer reg({"compactor",
                     "Compactor: sketched leverage of pre-RoPE keys (x ratio) + non-causal attention in 256-token "
                     "tiles x ||v||, both z-scored; first 8 and last 4 tokens kept",
                     false, [](const PressSpec& o, const Model& m) {
-                      return make_compactor_scorer(m.config(), o.ratio, o.seed, compactor_options(o));
+                      return make_compactor_scorer(m.config(), compactor_blending(o), o.seed, compactor_options(o));
                     },
                     {.params = compactor_params(),
                      .kvpress_parity = "cannot match exactly: kvpress draws its Gaussian sketch unseeded (Jaccard ~0.9)"}});

@@ -1,8 +1,10 @@
 // "cur" (docs/ALGORITHMS.md §8.11, kvpress CURPress, CurDKV): approximate leverage from norms. Per stream,
 // k2 = ||k||^2 and v2 = ||v||^2, each normalised to sum 1 within aligned windows of 16 slots (the last
-// window zero-padded); score = k2 * v2 normalised to sum 1 over the stream; the first 4 slots = 1.0.
-// Defaults of kvpress: kv_product, local approximation on, no random projection. num_sinks,
-// use_local_approximation and local_window_size are press parameters (leverage_type stays kv_product).
+// window zero-padded); score = k2 * v2 (leverage_type kv_product; or k2,
+// v2, (k2 + v2) / 2) normalised to sum 1 over the stream; the first 4 slots = 1.0. Defaults of kvpress:
+// kv_product, local approximation on, no random projection (kvpress's use_random_leverage draws an unseeded
+// projection: not offered). num_sinks, leverage_type, use_local_approximation and local_window_size are
+// press parameters.
 #include <algorithm>
 #include <cmath>
 
@@ -24,7 +26,8 @@ void normalise_windows(std::vector<double>& x, size_t window) {
 
 class CurScorer : public CacheContextScorer {
  public:
-  CurScorer(int64_t num_sinks, int64_t local_window, bool local) : n_sink_(num_sinks), window_(local_window), local_(local) {}
+  CurScorer(int64_t num_sinks, int64_t local_window, bool local, CurLeverage leverage)
+      : n_sink_(num_sinks), window_(local_window), local_(local), leverage_(leverage) {}
   void score_cache(const KvCache& cache, CacheScores& out) override {
     require_full_context(cache, "cur");
     size_scores(cache, out);
@@ -46,11 +49,19 @@ class CurScorer : public CacheContextScorer {
         normalise_windows(k2, (size_t)window_);
         normalise_windows(v2, (size_t)window_);
       }
+      std::vector<double>& lev = k2;  // [n] the leverage, in place of k2
+      for (int64_t i = 0; i < n; i++) {
+        const double k = k2[(size_t)i], v = v2[(size_t)i];
+        lev[(size_t)i] = leverage_ == CurLeverage::key     ? k
+                         : leverage_ == CurLeverage::value ? v
+                         : leverage_ == CurLeverage::kv_avg ? (k + v) / 2
+                                                            : k * v;
+      }
       double total = 0;
-      for (int64_t i = 0; i < n; i++) total += k2[(size_t)i] * v2[(size_t)i];
+      for (int64_t i = 0; i < n; i++) total += lev[(size_t)i];
       std::vector<float>& s = out[(size_t)l][(size_t)h];
       if (!(total > 0)) total = 1;
-      for (int64_t i = 0; i < n; i++) s[(size_t)i] = i < n_sink_ ? 1.0f : (float)(k2[(size_t)i] * v2[(size_t)i] / total);
+      for (int64_t i = 0; i < n; i++) s[(size_t)i] = i < n_sink_ ? 1.0f : (float)(lev[(size_t)i] / total);
     });
   }
 
@@ -58,21 +69,26 @@ class CurScorer : public CacheContextScorer {
   int64_t n_sink_;   // kvpress num_sinks: the first slots score 1
   int64_t window_;  // kvpress local_window_size
   bool local_;      // kvpress use_local_approximation
+  CurLeverage leverage_;  // kvpress leverage_type
 };
 
 }  // namespace
 
-std::unique_ptr<Scorer> make_cur_scorer(int64_t num_sinks, int64_t local_window_size, bool use_local_approximation) {
-  return std::make_unique<CurScorer>(num_sinks, local_window_size, use_local_approximation);
+std::unique_ptr<Scorer> make_cur_scorer(int64_t num_sinks, int64_t local_window_size, bool use_local_approximation,
+                                        CurLeverage leverage) {
+  return std::make_unique<CurScorer>(num_sinks, local_window_size, use_local_approximation, leverage);
 }
 
 namespace {
 RegisterScorer reg({"cur", "CurDKV: ||k||^2 x ||v||^2, each normalised within windows of 16; first 4 tokens kept", false,
                     [](const PressSpec& o, const Model&) {
                       return make_cur_scorer((int64_t)press_param(o, "num_sinks"), (int64_t)press_param(o, "local_window_size"),
-                                             press_param(o, "use_local_approximation") != 0);
+                                             press_param(o, "use_local_approximation") != 0,
+                                             (CurLeverage)(int)press_param(o, "leverage_type"));
                     },
                     {.params = {{"num_sinks", 4, 0, 1 << 20, true, "the first tokens always kept"},
+                                {"leverage_type", 3, 0, 3, true, "the score: key, value, kv_avg (their mean) or kv_product",
+                                 {"key", "value", "kv_avg", "kv_product"}},
                                 {"use_local_approximation", 1, 0, 1, true, "1: norms normalised within local windows, 0: not"},
                                 {"local_window_size", 16, 1, 1 << 20, true, "the local windows' length"}},
                      .kvpress_parity = "exact (kvpress CURPress)"}});

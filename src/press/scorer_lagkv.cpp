@@ -1,11 +1,12 @@
 // "lagkv" (docs/ALGORITHMS.md §8.10, kvpress LagKVPress): attention-free. After 4 sink slots the stream is
 // cut into partitions of 128; each partition's keys (and values) are min-max normalised per channel by the
 // next partition, the per-token std over channels (Bessel) is softmaxed over the partition, and key and
-// value scores are averaged. The score is the token's rank within its partition / 128 (no cross_scoring).
+// value scores are averaged. The score is the token's rank within its partition / 128, or with cross_scoring
+// the averaged softmax itself.
 // Sinks and the last full partition plus the remainder score 1. A context shorter than 4 + 2*128 keeps
 // kvpress's fallback: sinks 1, then (slot - 4) / (T - 4), i.e. keep the most recent.
 // Deviation: a channel constant over a reference partition normalises to 0 instead of NaN.
-// n_sink (4) and lag_size (128) are press parameters (kvpress LagKVPress arguments).
+// n_sink (4), lag_size (128) and cross_scoring (false) are press parameters (kvpress LagKVPress arguments).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -47,7 +48,7 @@ void partition_scores(const std::vector<float>& x, int D, int64_t p0, int64_t la
 
 class LagKvScorer : public CacheContextScorer {
  public:
-  LagKvScorer(int64_t n_sink, int64_t lag_size) : n_sink_(n_sink), lag_(lag_size) {}
+  LagKvScorer(int64_t n_sink, int64_t lag_size, bool cross) : n_sink_(n_sink), lag_(lag_size), cross_(cross) {}
   void score_cache(const KvCache& cache, CacheScores& out) override {
     const int64_t T = require_full_context(cache, "lagkv");
     size_scores(cache, out);
@@ -72,6 +73,10 @@ class LagKvScorer : public CacheContextScorer {
         partition_scores(keys, D, p0, lag_, ks);
         partition_scores(values, D, p0, lag_, vs);
         for (int64_t t = 0; t < lag_; t++) sc[(size_t)t] = (ks[(size_t)t] + vs[(size_t)t]) / 2;
+        if (cross_) {
+          for (int64_t t = 0; t < lag_; t++) s[(size_t)(p0 + t)] = (float)sc[(size_t)t];
+          continue;
+        }
         std::iota(order.begin(), order.end(), 0);
         std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return sc[(size_t)a] < sc[(size_t)b]; });
         for (int64_t r = 0; r < lag_; r++) s[(size_t)(p0 + order[(size_t)r])] = (float)r / (float)lag_;
@@ -82,12 +87,13 @@ class LagKvScorer : public CacheContextScorer {
  private:
   int64_t n_sink_;  // kvpress n_sink: always kept
   int64_t lag_;    // kvpress lag_size: the partition length
+  bool cross_;     // kvpress cross_scoring: scores, not ranks
 };
 
 }  // namespace
 
-std::unique_ptr<Scorer> make_lagkv_scorer(int64_t n_sink, int64_t lag_size) {
-  return std::make_unique<LagKvScorer>(n_sink, lag_size);
+std::unique_ptr<Scorer> make_lagkv_scorer(int64_t n_sink, int64_t lag_size, bool cross_scoring) {
+  return std::make_unique<LagKvScorer>(n_sink, lag_size, cross_scoring);
 }
 
 namespace {
@@ -96,10 +102,12 @@ RegisterScorer reg({"lagkv",
                     "ranked within the partition; sinks and the last partition kept",
                     false,
                     [](const PressSpec& o, const Model&) {
-                      return make_lagkv_scorer((int64_t)press_param(o, "n_sink"), (int64_t)press_param(o, "lag_size"));
+                      return make_lagkv_scorer((int64_t)press_param(o, "n_sink"), (int64_t)press_param(o, "lag_size"),
+                                               press_param(o, "cross_scoring") != 0);
                     },
                     {.params = {{"n_sink", 4, 0, 1 << 20, true, "the first tokens always kept"},
-                                {"lag_size", 128, 1, 1 << 20, true, "the partition length; the last full partition is kept"}},
+                                {"lag_size", 128, 1, 1 << 20, true, "the partition length; the last full partition is kept"},
+                                {"cross_scoring", 0, 0, 1, true, "1: scores compare across partitions (softmax, not rank)"}},
                      .kvpress_parity = "match up to ties: rank scores tie across partitions (kvpress LagKVPress)"}});
 }  // namespace
 

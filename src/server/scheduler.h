@@ -44,7 +44,7 @@ struct SchedulerOptions {
   int64_t prefill_chunk_while_decoding = 64;
   // Most running requests still feeding their prompts: prefill compute goes to a few requests at a time
   // instead of being split among many half-finished ones, each holding its partial cache.
-  int max_prefills = 2;
+  int max_prefills = 4;
   int64_t prefix_cache_bytes = 0;   // 0 = no prefix reuse
   bool log_requests = true;         // one line per request on stderr
 };

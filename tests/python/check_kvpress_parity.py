@@ -162,12 +162,19 @@ def presses():
         variant="num_sinks=8 local_window_size=32", params={"num_sinks": 8, "local_window_size": 32})
     add("cur", "head", lambda r: K.CURPress(compression_ratio=r, use_local_approximation=False),
         variant="use_local_approximation=0", params={"use_local_approximation": 0})
+    for lt in ("key", "value", "kv_avg"):  # a word-valued kvpress argument (a choice parameter here)
+        add("cur", "head", lambda r, lt=lt: K.CURPress(compression_ratio=r, leverage_type=lt),
+            variant="leverage_type=" + lt, params={"leverage_type": lt})
+    add("lagkv", "head", lambda r: K.LagKVPress(compression_ratio=r, cross_scoring=True),
+        variant="cross_scoring=True", params={"cross_scoring": 1})
     add("compactor", "head",
         lambda r: K.CompactorPress(compression_ratio=r, sink_size_start=4, sink_size_end=2, chunk_size=64,
                                    sketch_dimension=16),
         expect="report", why="as compactor",
         variant="sink_size_start=4 sink_size_end=2 chunk_size=64 sketch_dimension=16",
         params={"sink_size_start": 4, "sink_size_end": 2, "chunk_size": 64, "sketch_dimension": 16})
+    add("compactor", "head", lambda r: K.CompactorPress(compression_ratio=r, blending=0.7),
+        expect="report", why="as compactor", variant="blending=0.7", params={"blending": 0.7})
     add("leverage_score", "head", lambda r: K.LeverageScorePress(compression_ratio=r, sketch_dimension=16),
         expect="report", why="as leverage_score", variant="sketch_dimension=16", params={"sketch_dimension": 16})
     add("critical_snapkv", "head",

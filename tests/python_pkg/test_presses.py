@@ -137,3 +137,15 @@ def test_kvzap_on_the_default_model(smol):
         out = smol(CONTEXT, question="Which lamp was in room 7?", press=kvzap.KVzapPress(model_type=model_type,
                    threshold=-4), max_new_tokens=4, temperature=0)
         assert 0 < out["kv_stats"]["evicted_fraction"] < 1
+
+
+def test_families_and_kvpress_gaps_are_listed():
+    families = {f["kvpress_class"]: f for f in kvzap.press_families()}
+    assert set(families) == {"AdaKVPress", "DMSPress", "PerLayerCompressionPress", "ComposedPress"}
+    for cls, f in families.items():
+        assert issubclass(getattr(kvzap, cls), kvzap.BasePress), cls  # each family has its Python class
+        assert f["example"] not in {p["name"] for p in kvzap.presses()}, f  # a family member, not an entry
+    gaps = {g["kvpress_class"]: g for g in kvzap.kvpress_gaps()}
+    assert "QFilterPress" in gaps and gaps["QFilterPress"]["reason"]
+    for cls in gaps:
+        assert not hasattr(kvzap, cls), f"{cls} is listed as missing but the package has it"

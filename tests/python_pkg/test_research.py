@@ -219,5 +219,27 @@ def test_more_kvpress_arguments_reach_the_engine(smol):
     with pytest.raises(kvzap.Error, match="n_future_positions, n_sink, use_covariance, use_vnorm, epsilon, alpha_safeguard"):
         kvzap.ExpectedAttentionPress(compression_ratio=0.5, window_size=8)
     params = {p["name"]: [q["name"] for q in p["params"]] for p in kvzap.presses()}
-    assert params["lagkv"] == ["n_sink", "lag_size"]
+    assert params["lagkv"] == ["n_sink", "lag_size", "cross_scoring"]
     assert params["expected_attention_uniform"] == ["n_future_positions", "n_sink", "use_covariance", "use_vnorm", "epsilon"]
+
+
+def test_word_valued_kvpress_arguments(smol):
+    # CURPress(leverage_type="key"), LagKVPress(cross_scoring=True), CompactorPress(blending=...): kvpress's
+    # non-numeric and optional arguments reach the engine; a wrong word is refused with the choices.
+    ids = smol.tokenize(CONTEXT * 3, add_bos=True)
+
+    def kept(press):
+        seq = smol.new_sequence()
+        seq.prefill(ids, smol.press(press))
+        return seq.kept_mask()
+
+    press = kvzap.CURPress(compression_ratio=0.5, leverage_type="key")
+    assert press.spec["leverage_type"] == "key"
+    assert not np.array_equal(kept(press), kept(kvzap.CURPress(compression_ratio=0.5)))
+    with pytest.raises(kvzap.Error, match="one of key, value, kv_avg, kv_product"):
+        kvzap.CURPress(compression_ratio=0.5, leverage_type="keys")
+    assert kvzap.LagKVPress(compression_ratio=0.5, cross_scoring=True).spec["cross_scoring"] == 1
+    assert kvzap.CompactorPress(compression_ratio=0.5, blending=None).spec.get("blending") is None
+    assert kvzap.CompactorPress(compression_ratio=0.5, blending=0.7).spec["blending"] == 0.7
+    params = {p["name"]: {q["name"]: q for q in p["params"]} for p in kvzap.presses()}
+    assert params["cur"]["leverage_type"]["choices"] == ["key", "value", "kv_avg", "kv_product"]

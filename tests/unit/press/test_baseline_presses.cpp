@@ -618,6 +618,16 @@ TEST(BaselineScorers, LagKvRanksTokensByTheirSpreadRelativeToTheNextPartition) {
     }
   auto s = make_lagkv_scorer();
   expect_scores_near(run_scorer(*s, x, T), want, 1e-6, "lagkv");
+  // cross_scoring: the averaged softmax itself, comparable across partitions.
+  Scores cross = want;
+  for (int l = 0; l < c.n_layer; l++)
+    for (int h = 0; h < c.n_head_kv; h++)
+      for (int p = 0; p < 2; p++)
+        for (int64_t t = 0; t < 128; t++)
+          cross[(size_t)l][(size_t)h][(size_t)(4 + p * 128 + t)] =
+              (part_score(l, h, true, 4 + p * 128, t) + part_score(l, h, false, 4 + p * 128, t)) / 2;
+  auto sc = make_lagkv_scorer(4, 128, true);
+  expect_scores_near(run_scorer(*sc, x, T), cross, 1e-6, "lagkv cross_scoring");
 
   // Too short for two partitions: sinks 1, then the most recent tokens score highest.
   const Context shortx = make_context(c, 100, 10);
@@ -645,6 +655,31 @@ TEST(BaselineScorers, CurMultipliesWindowNormalisedKeyAndValueEnergies) {
     }
   auto s = make_cur_scorer();
   expect_scores_near(run_scorer(*s, x, T), want, 1e-5, "cur");
+}
+
+TEST(BaselineScorers, CurLeverageTypesScoreKeysValuesOrTheirMean) {
+  const ModelConfig c = small_config();
+  const int64_t T = 45;
+  const Context x = make_context(c, T, 11);
+  const int D = c.head_dim;
+  for (CurLeverage type : {CurLeverage::key, CurLeverage::value, CurLeverage::kv_avg}) {
+    Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)c.n_head_kv));
+    for (int l = 0; l < c.n_layer; l++)
+      for (int h = 0; h < c.n_head_kv; h++) {
+        std::vector<double> lev((size_t)T);
+        for (int64_t i = 0; i < T; i++) {
+          const int64_t w0 = i / 16 * 16, w1 = std::min<int64_t>(T, w0 + 16);
+          double ks = 0, vs = 0;
+          for (int64_t j = w0; j < w1; j++) ks += dot(x.key(l, h, j), x.key(l, h, j), D), vs += dot(x.value(l, h, j), x.value(l, h, j), D);
+          const double k = dot(x.key(l, h, i), x.key(l, h, i), D) / ks, v = dot(x.value(l, h, i), x.value(l, h, i), D) / vs;
+          lev[(size_t)i] = type == CurLeverage::key ? k : type == CurLeverage::value ? v : (k + v) / 2;
+        }
+        const double total = std::accumulate(lev.begin(), lev.end(), 0.0);
+        for (int64_t i = 0; i < T; i++) want[(size_t)l][(size_t)h].push_back(i < 4 ? 1.0 : lev[(size_t)i] / total);
+      }
+    auto s = make_cur_scorer(4, 16, true, type);
+    expect_scores_near(run_scorer(*s, x, T), want, 1e-5, ("cur leverage_type " + std::to_string((int)type)).c_str());
+  }
 }
 
 // Leverage of the pre-RoPE keys of slots [first, first + n) of stream (l, hk) (the cached keys rotated

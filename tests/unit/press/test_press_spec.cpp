@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "kvzap/error.h"
+#include "press/baselines.h"
+#include "press/press.h"
 #include "press/press_spec.h"
 #include "server/api_error.h"
 #include "server/prepare.h"
@@ -190,6 +192,45 @@ TEST(PressSpec, KvpressArgumentsOfThePressesAreDeclared) {
   EXPECT_NE(spec_error({{"press", "knorm"}, {"use_vnorm", false}}).find("unknown field 'press.use_vnorm'"), std::string::npos);
 }
 
+// kvpress arguments given as words (CURPress leverage_type="key"): a choice parameter takes one of its words
+// (or the word's index), names them when refused, and prints back as the word.
+TEST(PressSpec, ChoiceParametersTakeTheirWords) {
+  const PressSpec k = press_spec_from_json({{"press", "cur"}, {"ratio", 0.5}, {"leverage_type", "key"}});
+  EXPECT_EQ(press_param(k, "leverage_type"), 0);
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "cur"}, {"ratio", 0.5}}), "leverage_type"), 3);  // kv_product
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "cur"}, {"ratio", 0.5}, {"leverage_type", 2}}), "leverage_type"), 2);
+  EXPECT_EQ(press_spec_to_json(k)["leverage_type"], "key");
+  EXPECT_EQ(press_spec_from_json(press_spec_to_json(k)).params, k.params);
+  const PressSpec v = press_spec_from_json({{"press", "cur"}, {"ratio", 0.5}, {"leverage_type", "value"}});
+  EXPECT_NE(press_spec_key(&k), press_spec_key(&v));
+  EXPECT_NE(spec_error({{"press", "cur"}, {"leverage_type", "keys"}})
+                .find("'press.leverage_type' must be one of key, value, kv_avg, kv_product"),
+            std::string::npos);
+  EXPECT_NE(spec_error({{"press", "cur"}, {"leverage_type", 4}}).find("press.leverage_type"), std::string::npos);
+  // A long word is echoed cut short, on a UTF-8 boundary (the error goes back to a client as JSON).
+  std::string long_word;
+  for (int i = 0; i < 300; i++) long_word += "\xc3\xa9";  // U+00E9, two bytes each
+  const std::string long_error = spec_error({{"press", "cur"}, {"leverage_type", long_word}});
+  EXPECT_LT(long_error.size(), 400u) << long_error;
+  EXPECT_NE(long_error.find("...\""), std::string::npos) << long_error;
+  EXPECT_NO_THROW((void)json(long_error).dump());
+  EXPECT_NE(spec_error({{"press", "cur"}, {"local_window_size", "sixteen"}}).find("'press.local_window_size' must be a number"),
+            std::string::npos);
+  EXPECT_NE(spec_error({{"press", "knorm"}, {"leverage_type", "key"}}).find("unknown field 'press.leverage_type'"),
+            std::string::npos);
+  const json params = press_params_json(press_traits("cur"));
+  bool listed = false;
+  for (const auto& p : params)
+    if (p["name"] == "leverage_type") listed = p["default"] == "kv_product" && p["choices"].size() == 4;
+  EXPECT_TRUE(listed) << params.dump();
+  // LagKV's cross_scoring and Compactor's blending (kvpress's None: the compression ratio).
+  EXPECT_EQ(press_param(press_spec_from_json({{"press", "lagkv"}, {"ratio", 0.5}, {"cross_scoring", true}}), "cross_scoring"), 1);
+  const PressSpec c = press_spec_from_json({{"press", "compactor"}, {"ratio", 0.3}});
+  EXPECT_EQ(compactor_blending(c), 0.3);
+  EXPECT_EQ(compactor_blending(press_spec_from_json({{"press", "compactor"}, {"ratio", 0.3}, {"blending", 0.7}})), 0.7);
+  EXPECT_EQ(compactor_blending(press_spec_from_json({{"press", "adakv_compactor"}, {"ratio", 0.3}, {"blending", 0.7}})), 0.7);
+}
+
 // The server: kv_compression reaches every field of the press, on top of the server's default, and a
 // client cannot name a folder on the host.
 TEST(PressSpec, ServerKvCompressionDeliversEveryFieldButHostPaths) {
@@ -246,6 +287,15 @@ TEST(PressSpec, CliPressParamsTakeBooleansAndRefuseRanges) {
       "generate -t 2 -p 'Hello there' -n 1 --press adakv_knorm --ratio 0.5 --press-param alpha_safeguard=2");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("'--press-param alpha_safeguard' must be a number in [0, 1]"), std::string::npos) << bad.err;
+  // A word for a choice parameter.
+  const test::CommandResult word = test::run_kvzap(
+      "generate -t 2 -p 'Hello there, how are you today?' -n 1 --json --press cur --ratio 0.5 --press-param leverage_type=kv_avg");
+  ASSERT_EQ(word.exit_code, 0) << word.err;
+  EXPECT_EQ(json::parse(word.out)["press_spec"]["leverage_type"], "kv_avg");
+  const test::CommandResult badword = test::run_kvzap(
+      "generate -t 2 -p 'Hello there' -n 1 --press cur --ratio 0.5 --press-param leverage_type=both");
+  EXPECT_NE(badword.exit_code, 0);
+  EXPECT_NE(badword.err.find("must be one of key, value, kv_avg, kv_product"), std::string::npos) << badword.err;
 }
 
 }  // namespace
