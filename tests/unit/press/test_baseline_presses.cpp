@@ -635,50 +635,44 @@ TEST(BaselineScorers, LagKvRanksTokensByTheirSpreadRelativeToTheNextPartition) {
   for (int64_t i = 0; i < 100; i++) EXPECT_FLOAT_EQ(got[1][1][(size_t)i], i < 4 ? 1.0f : (float)(i - 4) / 96.0f);
 }
 
-TEST(BaselineScorers, CurMultipliesWindowNormalisedKeyAndValueEnergies) {
-  const ModelConfig c = small_config();
-  const int64_t T = 45;  // two full windows of 16 and a partial one
-  const Context x = make_context(c, T, 11);
+// CurDKV by its definition: ||k||^2 and ||v||^2 each normalised within aligned windows of 16, combined by
+// the leverage type, normalised to sum 1; the first 4 slots score 1.
+Scores naive_cur(const Context& x, int64_t T, CurLeverage type) {
+  const ModelConfig& c = x.c;
   const int D = c.head_dim;
   Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)c.n_head_kv));
   for (int l = 0; l < c.n_layer; l++)
     for (int h = 0; h < c.n_head_kv; h++) {
-      std::vector<double> prod((size_t)T);
+      std::vector<double> lev((size_t)T);
       for (int64_t i = 0; i < T; i++) {
         const int64_t w0 = i / 16 * 16, w1 = std::min<int64_t>(T, w0 + 16);
         double ks = 0, vs = 0;
         for (int64_t j = w0; j < w1; j++) ks += dot(x.key(l, h, j), x.key(l, h, j), D), vs += dot(x.value(l, h, j), x.value(l, h, j), D);
-        prod[(size_t)i] = dot(x.key(l, h, i), x.key(l, h, i), D) / ks * dot(x.value(l, h, i), x.value(l, h, i), D) / vs;
+        const double k = dot(x.key(l, h, i), x.key(l, h, i), D) / ks, v = dot(x.value(l, h, i), x.value(l, h, i), D) / vs;
+        lev[(size_t)i] = type == CurLeverage::key ? k : type == CurLeverage::value ? v : type == CurLeverage::kv_avg ? (k + v) / 2 : k * v;
       }
-      const double total = std::accumulate(prod.begin(), prod.end(), 0.0);
-      for (int64_t i = 0; i < T; i++) want[(size_t)l][(size_t)h].push_back(i < 4 ? 1.0 : prod[(size_t)i] / total);
+      const double total = std::accumulate(lev.begin(), lev.end(), 0.0);
+      for (int64_t i = 0; i < T; i++) want[(size_t)l][(size_t)h].push_back(i < 4 ? 1.0 : lev[(size_t)i] / total);
     }
+  return want;
+}
+
+TEST(BaselineScorers, CurMultipliesWindowNormalisedKeyAndValueEnergies) {
+  const ModelConfig c = small_config();
+  const int64_t T = 45;  // two full windows of 16 and a partial one
+  const Context x = make_context(c, T, 11);
   auto s = make_cur_scorer();
-  expect_scores_near(run_scorer(*s, x, T), want, 1e-5, "cur");
+  expect_scores_near(run_scorer(*s, x, T), naive_cur(x, T, CurLeverage::kv_product), 1e-5, "cur");
 }
 
 TEST(BaselineScorers, CurLeverageTypesScoreKeysValuesOrTheirMean) {
   const ModelConfig c = small_config();
   const int64_t T = 45;
   const Context x = make_context(c, T, 11);
-  const int D = c.head_dim;
   for (CurLeverage type : {CurLeverage::key, CurLeverage::value, CurLeverage::kv_avg}) {
-    Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)c.n_head_kv));
-    for (int l = 0; l < c.n_layer; l++)
-      for (int h = 0; h < c.n_head_kv; h++) {
-        std::vector<double> lev((size_t)T);
-        for (int64_t i = 0; i < T; i++) {
-          const int64_t w0 = i / 16 * 16, w1 = std::min<int64_t>(T, w0 + 16);
-          double ks = 0, vs = 0;
-          for (int64_t j = w0; j < w1; j++) ks += dot(x.key(l, h, j), x.key(l, h, j), D), vs += dot(x.value(l, h, j), x.value(l, h, j), D);
-          const double k = dot(x.key(l, h, i), x.key(l, h, i), D) / ks, v = dot(x.value(l, h, i), x.value(l, h, i), D) / vs;
-          lev[(size_t)i] = type == CurLeverage::key ? k : type == CurLeverage::value ? v : (k + v) / 2;
-        }
-        const double total = std::accumulate(lev.begin(), lev.end(), 0.0);
-        for (int64_t i = 0; i < T; i++) want[(size_t)l][(size_t)h].push_back(i < 4 ? 1.0 : lev[(size_t)i] / total);
-      }
     auto s = make_cur_scorer(4, 16, true, type);
-    expect_scores_near(run_scorer(*s, x, T), want, 1e-5, ("cur leverage_type " + std::to_string((int)type)).c_str());
+    expect_scores_near(run_scorer(*s, x, T), naive_cur(x, T, type), 1e-5,
+                       ("cur leverage_type " + std::to_string((int)type)).c_str());
   }
 }
 
