@@ -58,10 +58,11 @@ constexpr const char* kPerLayerPrefix = "per_layer_";
 constexpr const char* kComposedPrefix = "composed_";
 // What tests/python/check_decoding_press.py measured for decoding_<press> (docs/PARITY.md).
 constexpr const char* kDecodingParity =
-    "exact: kept positions and greedy tokens (kvpress DecodingPress(KnormPress()), decoding_knorm; tests/python/check_decoding_press.py)";
+    "match up to knorm's ties: every compression identical until a tie broken the other way (kvpress "
+    "DecodingPress(KnormPress()), decoding_knorm; tests/python/check_decoding_press.py, docs/PARITY.md)";
 constexpr const char* kRatioDecodingParity =
-    "exact: kept positions and greedy tokens (kvpress CompressionRatioDecodingPress(KnormPress()), "
-    "compression_ratio_decoding_knorm; tests/python/check_decoding_press.py)";
+    "match up to knorm's ties: every compression identical until a tie broken the other way (kvpress "
+    "CompressionRatioDecodingPress(KnormPress()), compression_ratio_decoding_knorm; tests/python/check_decoding_press.py)";
 
 }  // namespace
 

@@ -57,16 +57,22 @@ def kvpress_side(tmp):
             # pos[l][h]: the position of each cache row, in the cache's order.
             pos = [[[] for _ in range(n_kv)] for _ in range(n_layer)]
             n_compressions = [0]
+            # rounds[l][c]: layer l's compression c, its kept positions per head and KnormPress's scores
+            rounds = [[] for _ in range(n_layer)]
             inner = press.compress
 
-            def compress(module, hidden_states, keys, values, attentions, kwargs, inner=inner, pos=pos):
+            def compress(module, hidden_states, keys, values, attentions, kwargs, inner=inner, pos=pos, rounds=rounds):
                 k2, v2 = inner(module, hidden_states, keys, values, attentions, kwargs)
                 l = module.layer_idx
                 n_compressions[0] += 1
+                score = -keys[0].norm(dim=-1)  # [H, T], KnormPress.score
+                rounds[l].append(dict(scores=[{str(pos[l][h][i]): float(score[h, i]) for i in range(keys.shape[2])}
+                                              for h in range(keys.shape[1])]))
                 for h in range(keys.shape[1]):
                     eq = (k2[0, h][:, None, :] == keys[0, h][None, :, :]).all(-1)  # [kept, T]
                     assert bool(eq.any(-1).all()), "a kept key matches no row"
                     pos[l][h] = [pos[l][h][i] for i in eq.float().argmax(-1).tolist()]
+                rounds[l][-1]["kept"] = [sorted(p) for p in pos[l]]
                 return k2, v2
 
             press.compress = compress
@@ -90,7 +96,8 @@ def kvpress_side(tmp):
                 assert cache.layers[l].keys.shape[2] == len(pos[l][0])
             kept = [[sorted(pos[l][h]) for h in range(n_kv)] for l in range(n_layer)]
             out["%s/%s/%d" % (variant, kind, c)] = dict(model=d, ids=ids, q=q, ans=ans, kept=kept, n=n,
-                                                        compressions=n_compressions[0], variant=variant)
+                                                        compressions=n_compressions[0], variant=variant,
+                                                        rounds=rounds)
     return out
 
 
@@ -106,12 +113,15 @@ def kvzap_side(ref):
         press = getattr(kvzap, VARIANTS[r["variant"]][0])(kvzap.KnormPress(), **VARIANTS[r["variant"]][1])
         seq.prefill(r["ids"], pipe.press(press))
         seq.feed(r["q"])
-        ans = []
-        for t in r["ans"]:
+        ans, rounds = [], []
+        for i, t in enumerate(r["ans"]):
+            if (i + 1) % COMPRESSION_INTERVAL == 0:  # the question's step and i answer tokens: a compression
+                m = seq.kept_mask()
+                rounds.append([[np.nonzero(m[l, h])[0].tolist() for h in range(m.shape[1])] for l in range(m.shape[0])])
             ans.append(int(np.argmax(seq.logits())))
             seq.feed([t])
         mask = seq.kept_mask()
-        res[key] = dict(ans=ans, kept=[[np.nonzero(mask[l, h])[0].tolist() for h in range(mask.shape[1])]
+        res[key] = dict(ans=ans, rounds=rounds, kept=[[np.nonzero(mask[l, h])[0].tolist() for h in range(mask.shape[1])]
                                        for l in range(mask.shape[0])])
     return res
 
@@ -120,7 +130,7 @@ def main():
     if "--kvzap-side" in sys.argv:
         json.dump(kvzap_side(json.load(open(sys.argv[-2]))), open(sys.argv[-1], "w"))
         return 0
-    py = os.environ.get("KVZAP_PY")
+    py = os.path.abspath(os.environ["KVZAP_PY"]) if os.environ.get("KVZAP_PY") else None
     try:
         import torch  # noqa: F401
         import kvpress  # noqa: F401
@@ -137,9 +147,35 @@ def main():
         subprocess.run([py, os.path.abspath(__file__), "--kvzap-side", a, b], check=True, cwd=tmp)
         got = json.load(open(b))
     heads = ident = answers = 0
+    n_ok = 0
     jac = []
+    sys.path.insert(0, HERE)
+    saved, sys.argv = sys.argv, [sys.argv[0]]
+    from check_kvpress_parity import explained_by_ties
+    sys.argv = saved
     for key, r in ref.items():
         g = got[key]
+        # Compressions in order: identical kept sets on every (layer, KV head), until the first where a head
+        # differs; there every difference must be a tie (positions KnormPress scores equal within 1e-5), whose
+        # order neither side defines; from there the caches differ. The greedy tokens up to that compression's
+        # step (each compression comes after the step's attention) must be identical.
+        n_rounds = len(r["rounds"][0])
+        first_diff, ties_only = None, True
+        for c in range(min(n_rounds, len(g["rounds"]))):
+            for l in range(len(r["rounds"])):
+                for h, want in enumerate(r["rounds"][l][c]["kept"]):
+                    if set(g["rounds"][c][l][h]) != set(want):
+                        first_diff = c
+                        row = {int(p): v for p, v in r["rounds"][l][c]["scores"][h].items()}
+                        ties_only &= explained_by_ties(g["rounds"][c][l][h], want, row)
+            if first_diff is not None:
+                break
+        n_same = COMPRESSION_INTERVAL * (first_diff + 1) if first_diff is not None else N_ANSWER
+        key_ok = ties_only and g["ans"][:n_same] == r["ans"][:n_same]
+        n_ok += int(key_ok)
+        print("%s %s: compressions identical %d/%d%s, greedy tokens identical for the first %d" % (
+            "ok  " if key_ok else "FAIL", key, first_diff if first_diff is not None else n_rounds, n_rounds,
+            ", then a tie broken the other way" if first_diff is not None and ties_only else "", n_same))
         for l in range(len(r["kept"])):
             for h in range(len(r["kept"][l])):
                 x, y = set(g["kept"][l][h]), set(r["kept"][l][h])
@@ -151,10 +187,13 @@ def main():
         print("%s: %d positions, kvpress kept %s per head after %d layer compressions, kept sets identical %s, "
               "greedy tokens identical %s" % (key, r["n"], sizes, r["compressions"], g["kept"] == r["kept"],
                                               g["ans"] == r["ans"]))
-    ok = ident == heads and answers == len(ref)
+    ok = n_ok == len(ref)
+    print("%s %d/%d runs identical up to the first tie broken the other way" % ("ok  " if ok else "FAIL", n_ok, len(ref)))
+    print("info after %d answer tokens (compressions every %d steps; a tie broken the other way changes the cache, "
+          "so both sides drift apart from there):" % (N_ANSWER, COMPRESSION_INTERVAL))
     print("%s decoding_knorm (interval %d, target %d) and compression_ratio_decoding_knorm (interval %d, ratio %g): "
           "Jaccard mean %.4f min %.4f (%d/%d heads identical), greedy tokens (%d) identical %d/%d"
-          % ("ok  " if ok else "FAIL", COMPRESSION_INTERVAL, TARGET_SIZE, COMPRESSION_INTERVAL, TARGET_RATIO,
+          % ("    " if ok else "FAIL", COMPRESSION_INTERVAL, TARGET_SIZE, COMPRESSION_INTERVAL, TARGET_RATIO,
              sum(jac) / len(jac), min(jac), ident, heads, N_ANSWER, answers, len(ref)))
     return 0 if ok else 1
 
