@@ -169,7 +169,43 @@ class ComposedPress(BasePress):
         self.spec = json.loads(_kvzap.press_spec_normalize(json.dumps(spec)))
 
 
-__all__ += ["PerLayerCompressionPress", "ComposedPress"]
+class DecodingPress(BasePress):
+    """DecodingPress(base_press, compression_interval=512, target_size=2048): nothing evicted while the context
+    is prefilled; while decoding, every compression_interval steps each head keeps its target_size best entries
+    by the base press's scores (kvpress's; registry: decoding_<press>, a press that scores token by token). The
+    base press's own ratio is replaced, as kvpress does; hidden_states_buffer_size is not taken (only presses
+    that score the whole context would read it, and those are not available here)."""
+
+    def __init__(self, base_press: BasePress, compression_interval: int = 512, target_size: int = 2048):
+        if not isinstance(base_press, BasePress):
+            raise Error(f"DecodingPress: base_press must be a kvzap press, got {type(base_press).__name__}")
+        inner = {k: v for k, v in base_press.spec.items() if k not in ("press", "ratio_scope", "ratio", "threshold")}
+        self.press_name = "decoding_" + base_press.spec["press"]
+        self._kwargs = {"base_press": base_press, "compression_interval": compression_interval,
+                        "target_size": target_size}
+        spec = {**inner, "press": self.press_name, "compression_interval": compression_interval,
+                "target_size": target_size}
+        self.spec = json.loads(_kvzap.press_spec_normalize(json.dumps(spec)))
+
+
+class CompressionRatioDecodingPress(BasePress):
+    """CompressionRatioDecodingPress(base_press, target_compression_ratio=0.5, compression_interval=512): as
+    DecodingPress, the target being max(1, int(P (1 - target_compression_ratio))) for the P tokens seen so far
+    (kvpress's; registry: compression_ratio_decoding_<press>)."""
+
+    def __init__(self, base_press: BasePress, target_compression_ratio: float = 0.5, compression_interval: int = 512):
+        if not isinstance(base_press, BasePress):
+            raise Error(f"CompressionRatioDecodingPress: base_press must be a kvzap press, got {type(base_press).__name__}")
+        inner = {k: v for k, v in base_press.spec.items() if k not in ("press", "ratio_scope", "ratio", "threshold")}
+        self.press_name = "compression_ratio_decoding_" + base_press.spec["press"]
+        self._kwargs = {"base_press": base_press, "target_compression_ratio": target_compression_ratio,
+                        "compression_interval": compression_interval}
+        spec = {**inner, "press": self.press_name, "compression_interval": compression_interval,
+                "target_compression_ratio": target_compression_ratio}
+        self.spec = json.loads(_kvzap.press_spec_normalize(json.dumps(spec)))
+
+
+__all__ += ["PerLayerCompressionPress", "ComposedPress", "DecodingPress", "CompressionRatioDecodingPress"]
 
 
 class DMSPress(BasePress):

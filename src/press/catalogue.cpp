@@ -27,6 +27,13 @@ std::vector<PressFamily> press_families() {
        "presses applied in turn, each on what the previous kept, one ratio per stage, --press-ratios Ra:Rb; later "
        "stages score each entry alone (per-token presses such as knorm)",
        press_traits("composed_snapkv+knorm").kvpress_parity},
+      {"decoding_<press>", "DecodingPress", "decoding_knorm",
+       "the context prefilled whole; while decoding, every compression_interval (512) steps each head keeps its "
+       "target_size (2048) best entries by a per-token press's scores, the rest freed",
+       press_traits("decoding_knorm").kvpress_parity},
+      {"compression_ratio_decoding_<press>", "CompressionRatioDecodingPress", "compression_ratio_decoding_knorm",
+       "as decoding_<press>, each head cut to max(1, int(P (1 - target_compression_ratio))) of the P tokens seen",
+       press_traits("compression_ratio_decoding_knorm").kvpress_parity},
   };
 }
 

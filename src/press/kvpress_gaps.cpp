@@ -45,13 +45,9 @@ std::span<const KvpressGap> kvpress_gaps() {
       {"FinchPress", "finch",
        "question-aware chunked SnapKV that needs a delimiter token between context and question and "
        "re-rotates keys; not done yet"},
-      {"DecodingPress", "decoding",
-       "compresses every N generated tokens to a target size; kvzap prunes while decoding with threshold "
-       "presses (--decode-press) only, a ratio target while decoding is not done yet"},
-      {"CompressionRatioDecodingPress", "compression_ratio_decoding",
-       "a ratio target every N generated tokens; not done yet (see DecodingPress)"},
       {"PrefillDecodingPress", "prefill_decoding",
-       "one press for the prefill and another while decoding; not done yet (see DecodingPress)"},
+       "one press for the prefill and another while decoding; not done yet (decoding_<press> is the "
+       "decoding half)"},
   };
   return gaps;
 }

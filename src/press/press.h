@@ -198,6 +198,20 @@ std::vector<std::string> composed_stages(const std::string& name);
 // Builds a composed press (press/scorer_composed.cpp); make_press calls it for composed_<a>+<b>.
 std::unique_ptr<Press> make_composed_press(const PressSpec& spec, const std::vector<std::string>& stage_names,
                                            const Model& model);
+// For "decoding_<press>" (kvpress DecodingPress) and "compression_ratio_decoding_<press>" (kvpress
+// CompressionRatioDecodingPress), press/scorer_decoding.cpp: "<press>"; "" for any other name.
+inline constexpr const char* kDecodingPrefix = "decoding_";
+inline constexpr const char* kRatioDecodingPrefix = "compression_ratio_decoding_";
+std::string decoding_inner(const std::string& name);
+// True for a compression_ratio_decoding_<press> name (whether or not the inner press exists).
+bool is_ratio_decoding_name(const std::string& name);
+// Builds decoding_<press> / compression_ratio_decoding_<press> from its spec (make_press calls it), or around a
+// per-token scorer (tests): nothing is evicted inside a context; after it, every compression_interval steps of
+// a layer each of its heads keeps its target best-scored entries: target_size, or with target_ratio >= 0
+// max(1, int(P (1 - target_ratio))) for P the tokens seen so far (the step's last position + 1).
+std::unique_ptr<Press> make_decoding_press(const PressSpec& spec, const ScorerEntry& entry, const Model& model);
+std::unique_ptr<Press> make_decoding_press(std::unique_ptr<Scorer> scorer, const PressSpec& spec,
+                                           int64_t compression_interval, int64_t target_size, double target_ratio = -1);
 // find_press_entry(name)'s traits, or the defaults for an unknown name (make_press refuses it).
 const PressTraits& press_traits(const std::string& name);
 // Whether the spec's press judges whole contexts once prefilled (a ratio, or its own budget): evicting

@@ -56,6 +56,13 @@ const ScorerEntry* find_registered(const std::string& n) {
 constexpr const char* kPerLayerPrefix = "per_layer_";
 // "composed_<a>+<b>[+...]": kvpress ComposedPress([a, b, ...]), one ratio per stage in PressSpec::ratios.
 constexpr const char* kComposedPrefix = "composed_";
+// What tests/python/check_decoding_press.py measured for decoding_<press> (docs/PARITY.md).
+constexpr const char* kDecodingParity =
+    "match up to knorm's ties: every compression identical until a tie broken the other way (kvpress "
+    "DecodingPress(KnormPress()), decoding_knorm; tests/python/check_decoding_press.py, docs/PARITY.md)";
+constexpr const char* kRatioDecodingParity =
+    "match up to knorm's ties: every compression identical until a tie broken the other way (kvpress "
+    "CompressionRatioDecodingPress(KnormPress()), compression_ratio_decoding_knorm; tests/python/check_decoding_press.py)";
 
 }  // namespace
 
@@ -85,8 +92,21 @@ std::string per_layer_inner(const std::string& name) {
   return name.substr(prefix.size());
 }
 
+bool is_ratio_decoding_name(const std::string& name) {
+  return name.rfind(kRatioDecodingPrefix, 0) == 0 && !find_registered(name);
+}
+
+std::string decoding_inner(const std::string& name) {
+  if (find_registered(name)) return "";
+  for (const std::string prefix : {kDecodingPrefix, kRatioDecodingPrefix})
+    if (name.rfind(prefix, 0) == 0) return name.substr(prefix.size());
+  return "";
+}
+
 const ScorerEntry* find_press_entry(const std::string& name) {
   if (const ScorerEntry* e = find_registered(name)) return e;
+  // Only a registered press inside (decoding_adakv_knorm, decoding_dms_knorm are not presses of their own).
+  if (const std::string inner = decoding_inner(name); !inner.empty()) return find_registered(inner);
   if (is_dms_name(name)) return find_registered(name.substr(std::string(kDmsPrefix).size()));
   const std::string ada_prefix = "adakv_";
   if (name.rfind(ada_prefix, 0) == 0) return find_registered(name.substr(ada_prefix.size()));
@@ -125,6 +145,36 @@ const PressTraits& press_traits(const std::string& name) {
         if (t.min_context_param.empty()) t.min_context_param = s.min_context_param;
       }
       t.kvpress_parity = "match up to knorm's ties (kvpress ComposedPress: composed_snapkv+knorm, composed_knorm+knorm; docs/PARITY.md)";
+    }
+    return it->second;
+  }
+  if (!decoding_inner(name).empty()) {
+    // The inner press's parameters and DecodingPress's two. No ratio or threshold (the target sets the ratio
+    // at each compression): own_budget, so that every front end refuses them and prefill_evict_every stays 0.
+    static std::map<std::string, PressTraits> decoding;  // node-based: references stay valid
+    std::lock_guard<std::mutex> lock(mu);
+    const bool by_ratio = is_ratio_decoding_name(name);
+    auto [it, fresh] = decoding.try_emplace((by_ratio ? "r:" : "t:") + e->name, e->traits);
+    if (fresh) {
+      PressTraits& t = it->second;
+      t.threshold_by_default = false;
+      t.default_threshold = nullptr;
+      t.threshold_on_context = false;
+      t.own_budget = true;
+      t.min_context_tokens = 0;  // the context is never judged alone
+      t.min_context_param.clear();
+      t.params.push_back({"compression_interval", 512, 1, 1e9, true,
+                          "decoding steps of a layer between two compressions (the question's step counts as one)"});
+      if (by_ratio) {
+        t.params.push_back({"target_compression_ratio", 0.5, 0, 1, false,
+                            "the share of the tokens seen so far a compression removes (below 1)"});
+        t.demo_params = {{"compression_interval", 16}, {"target_compression_ratio", 0.5}};
+        t.kvpress_parity = kRatioDecodingParity;
+      } else {
+        t.params.push_back({"target_size", 2048, 1, 1e9, true, "entries each head keeps after a compression"});
+        t.demo_params = {{"compression_interval", 16}, {"target_size", 64}};
+        t.kvpress_parity = kDecodingParity;
+      }
     }
     return it->second;
   }
@@ -263,9 +313,10 @@ std::unique_ptr<Press> make_press(const PressSpec& options, const Model& model) 
     if (const KvpressGap* gap = find_kvpress_gap(opt.name))
       throw Error("press '" + opt.name + "': kvpress's " + gap->kvpress_class + " is not in kvzap: " + gap->reason);
     throw Error("unknown press '" + opt.name + "' (known presses: " + known_presses() +
-                "; adakv_<press> for AdaKV, dms_<press> for DMS, per_layer_<press>, composed_<a>+<b>)");
+                "; adakv_<press> for AdaKV, dms_<press> for DMS, per_layer_<press>, composed_<a>+<b>, decoding_<press>, compression_ratio_decoding_<press>)");
   }
   const ScorerEntry& entry = *found;
+  if (!decoding_inner(opt.name).empty()) return make_decoding_press(opt, entry, model);
   const std::string per_layer_of = per_layer_inner(opt.name);
   if (!per_layer_of.empty()) return make_per_layer_press(opt, entry, model);
   if (!opt.ratios.empty())

@@ -43,7 +43,11 @@ bool resolve_press(const std::optional<KvCompressionSpec>& spec, const ServerDef
   if (!spec->press && !d.has_press)
     throw invalid_request("kv_compression.press is required: this server has no default press (--press)");
   // Another press than the server's starts from PressSpec{}: only the request's settings apply.
-  out = press_spec_apply(d.has_press ? d.press : PressSpec{}, *spec);
+  try {
+    out = press_spec_apply(d.has_press ? d.press : PressSpec{}, *spec);
+  } catch (const Error& e) {  // a value the press refuses (a ratio for an own-budget press, a range): the client's
+    throw invalid_request(std::string("kv_compression: ") + e.what());
+  }
   if (!spec->prefill_evict_every) out.prefill_evict_every = judges_whole_contexts(out) ? 0 : d.prefill_evict_every;
   return true;
 }

@@ -128,6 +128,19 @@ def test_kv_compression_round_trip(server):
     assert kv2["press"] == "knorm" and kv2["evicted_fraction"] == pytest.approx(0.5, abs=0.05)
 
 
+def test_decoding_press_frees_pages_while_decoding(server):
+    # kvpress DecodingPress: the prompt prefilled whole, then every 4 generated tokens each head cut to 64 entries.
+    r = chat(server, "Summarize: " + LONG_TEXT, max_tokens=9, temperature=0,
+             extra_body={"kv_compression": {"press": "decoding_knorm", "compression_interval": 4, "target_size": 64}})
+    kv = r.usage.model_extra["kv_compression"]
+    assert kv["press"] == "decoding_knorm"
+    assert r.usage.completion_tokens == 9
+    assert 0 < kv["kv_bytes"] < kv["kv_bytes_full"] / 4
+    with pytest.raises(Exception) as e:
+        chat(server, "Hi", max_tokens=2, extra_body={"kv_compression": {"press": "decoding_knorm", "ratio": 0.5}})
+    assert "takes no ratio" in str(e.value)
+
+
 def test_compressed_prefix_is_reused(server):
     body = dict(max_tokens=6, temperature=0,
                 extra_body={"kv_compression": {"press": "kvzap-mlp", "threshold": -3.5}})

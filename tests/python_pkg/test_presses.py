@@ -13,7 +13,7 @@ KVPRESS_NAMES = ["KnormPress", "RandomPress", "StreamingLLMPress", "SnapKVPress"
                  "ChunkKVPress", "CURPress", "CompactorPress", "KVzipPress", "KVzapPress", "AdaKVPress", "DMSPress",
                  "SimLayerKVPress", "NonCausalAttnPress", "LeverageScorePress", "CapPress", "EntropyGatedChunkKVPress",
                  "ChunkPress", "BlockPress", "CriticalKVPress", "CriticalAdaKVPress",
-                 "PerLayerCompressionPress", "ComposedPress"]
+                 "PerLayerCompressionPress", "ComposedPress", "DecodingPress", "CompressionRatioDecodingPress"]
 
 
 def test_kvpress_class_names_exist():
@@ -132,6 +132,22 @@ def test_composed_press(tiny):
                                                  kvzap.SnapKVPress(compression_ratio=0.5)]), max_new_tokens=1)
 
 
+def test_decoding_press(tiny):
+    # kvpress DecodingPress(base_press, compression_interval, target_size): the base press's ratio is replaced.
+    p = kvzap.DecodingPress(kvzap.KnormPress(compression_ratio=0.5), compression_interval=2, target_size=16)
+    assert p.spec["press"] == "decoding_knorm" and "ratio" not in p.spec, p.spec
+    assert p.spec["compression_interval"] == 2 and p.spec["target_size"] == 16
+    r = kvzap.CompressionRatioDecodingPress(kvzap.KnormPress(), target_compression_ratio=0.25, compression_interval=4)
+    assert r.spec["press"] == "compression_ratio_decoding_knorm" and r.spec["target_compression_ratio"] == 0.25, r.spec
+    with pytest.raises(kvzap.Error, match="target_size"):
+        kvzap.DecodingPress(kvzap.KnormPress(), target_size=0)
+    with pytest.raises(kvzap.Error, match="token by token"):
+        tiny(CONTEXT, press=kvzap.DecodingPress(kvzap.SnapKVPress()), max_new_tokens=1)
+    for press in (p, r):
+        out = tiny(CONTEXT, question="Which lamp?", press=press, max_new_tokens=6, temperature=0)
+        assert isinstance(out["answer"], str)
+
+
 def test_kvzap_on_the_default_model(smol):
     for model_type in ("mlp", "linear"):
         out = smol(CONTEXT, question="Which lamp was in room 7?", press=kvzap.KVzapPress(model_type=model_type,
@@ -141,7 +157,8 @@ def test_kvzap_on_the_default_model(smol):
 
 def test_families_and_kvpress_gaps_are_listed():
     families = {f["kvpress_class"]: f for f in kvzap.press_families()}
-    assert set(families) == {"AdaKVPress", "DMSPress", "PerLayerCompressionPress", "ComposedPress"}
+    assert set(families) == {"AdaKVPress", "DMSPress", "PerLayerCompressionPress", "ComposedPress", "DecodingPress",
+                             "CompressionRatioDecodingPress"}
     for cls, f in families.items():
         assert issubclass(getattr(kvzap, cls), kvzap.BasePress), cls  # each family has its Python class
         assert f["example"] not in {p["name"] for p in kvzap.presses()}, f  # a family member, not an entry

@@ -53,7 +53,8 @@ TEST(PressCatalogue, EveryFamilyExampleRunsAndEveryGapIsAbsent) {
     EXPECT_NE(find_press_entry(f.example), nullptr) << f.pattern << ": its example " << f.example << " is unknown";
     EXPECT_FALSE(f.description.empty() || f.kvpress_parity.empty()) << f.pattern;
   }
-  for (const char* cls : {"AdaKVPress", "DMSPress", "PerLayerCompressionPress", "ComposedPress"})
+  for (const char* cls : {"AdaKVPress", "DMSPress", "PerLayerCompressionPress", "ComposedPress", "DecodingPress",
+                          "CompressionRatioDecodingPress"})
     EXPECT_EQ(classes.count(cls), 1u) << cls;
   ASSERT_EQ(c["kvpress_gaps"].size(), kvpress_gaps().size());
   for (const auto& g : c["kvpress_gaps"]) {
