@@ -169,6 +169,17 @@ class ComposedPress(BasePress):
         self.spec = json.loads(_kvzap.press_spec_normalize(json.dumps(spec)))
 
 
+def _decoding_press(self: BasePress, prefix: str, base_press: BasePress, **params: Any) -> None:
+    """The spec of a decoding press: the base press's own arguments (not its budget: the family sets it) and
+    the family's parameters, under the registry name prefix + the base press's."""
+    if not isinstance(base_press, BasePress):
+        raise Error(f"{type(self).__name__}: base_press must be a kvzap press, got {type(base_press).__name__}")
+    inner = {k: v for k, v in base_press.spec.items() if k not in ("press", "ratio_scope", "ratio", "threshold")}
+    self.press_name = prefix + base_press.spec["press"]
+    self._kwargs = {"base_press": base_press, **params}
+    self.spec = json.loads(_kvzap.press_spec_normalize(json.dumps({**inner, "press": self.press_name, **params})))
+
+
 class DecodingPress(BasePress):
     """DecodingPress(base_press, compression_interval=512, target_size=2048): nothing evicted while the context
     is prefilled; while decoding, every compression_interval steps each head keeps its target_size best entries
@@ -177,15 +188,8 @@ class DecodingPress(BasePress):
     that score the whole context would read it, and those are not available here)."""
 
     def __init__(self, base_press: BasePress, compression_interval: int = 512, target_size: int = 2048):
-        if not isinstance(base_press, BasePress):
-            raise Error(f"DecodingPress: base_press must be a kvzap press, got {type(base_press).__name__}")
-        inner = {k: v for k, v in base_press.spec.items() if k not in ("press", "ratio_scope", "ratio", "threshold")}
-        self.press_name = "decoding_" + base_press.spec["press"]
-        self._kwargs = {"base_press": base_press, "compression_interval": compression_interval,
-                        "target_size": target_size}
-        spec = {**inner, "press": self.press_name, "compression_interval": compression_interval,
-                "target_size": target_size}
-        self.spec = json.loads(_kvzap.press_spec_normalize(json.dumps(spec)))
+        _decoding_press(self, "decoding_", base_press, compression_interval=compression_interval,
+                        target_size=target_size)
 
 
 class CompressionRatioDecodingPress(BasePress):
@@ -194,15 +198,8 @@ class CompressionRatioDecodingPress(BasePress):
     (kvpress's; registry: compression_ratio_decoding_<press>)."""
 
     def __init__(self, base_press: BasePress, target_compression_ratio: float = 0.5, compression_interval: int = 512):
-        if not isinstance(base_press, BasePress):
-            raise Error(f"CompressionRatioDecodingPress: base_press must be a kvzap press, got {type(base_press).__name__}")
-        inner = {k: v for k, v in base_press.spec.items() if k not in ("press", "ratio_scope", "ratio", "threshold")}
-        self.press_name = "compression_ratio_decoding_" + base_press.spec["press"]
-        self._kwargs = {"base_press": base_press, "target_compression_ratio": target_compression_ratio,
-                        "compression_interval": compression_interval}
-        spec = {**inner, "press": self.press_name, "compression_interval": compression_interval,
-                "target_compression_ratio": target_compression_ratio}
-        self.spec = json.loads(_kvzap.press_spec_normalize(json.dumps(spec)))
+        _decoding_press(self, "compression_ratio_decoding_", base_press,
+                        target_compression_ratio=target_compression_ratio, compression_interval=compression_interval)
 
 
 __all__ += ["PerLayerCompressionPress", "ComposedPress", "DecodingPress", "CompressionRatioDecodingPress"]

@@ -22,22 +22,14 @@
 #include "press/press_spec.h"
 #include "kernels/thread_pool.h"
 #include "test_support.h"
+#include "press/scramble_scorer.h"
 
 namespace kvzap {
 namespace {
 
 using nlohmann::json;
 
-// A per-step scorer whose score is a fixed scramble of (layer, head, position): distinct, no ties.
-class ScrambleScorer : public Scorer {
- public:
-  bool per_step() const override { return true; }
-  void score_step(const LayerStep& step, const KvCache& cache, float* out) override {
-    for (int h = 0; h < cache.n_head_kv(); h++)
-      for (int64_t i = 0; i < step.n_tok; i++) out[(size_t)h * step.n_tok + i] = score(step.layer, h, step.pos[i]);
-  }
-  static float score(int l, int h, int32_t p) { return (float)((p * 7919 + l * 104729 + h * 1299709) % 10007); }
-};
+using test::ScrambleScorer;
 
 constexpr int kLayers = 4, kHeads = 2, kDim = 4;
 
