@@ -38,6 +38,7 @@ if [ "${KVZAP_PEER_CHECKS:-0}" = 1 ]; then
     CHECK_PYTHON="$peer_py" KVZAP_REQUIRE_PEERS=1 run_check tests/python/check_hf.py
     CHECK_PYTHON="$peer_py" KVZAP_REQUIRE_PEERS=1 run_check tests/python/check_kvpress_parity.py
   else
+    peer_py=""
     failed=$((failed + 1)); echo "!! FAILED: the peers' venv (pip could not install torch, transformers, tokenizers, kvpress)"
   fi
 else
@@ -63,6 +64,17 @@ if [ "$pytest_rc" -ne 0 ]; then failed=$((failed + 1)); echo "!! FAILED: server 
 if [ "${KVZAP_PYTHON_TESTS:-1}" = 1 ]; then
   echo "== python package tests"
   if ! bash scripts/test_python_pkg.sh; then failed=$((failed + 1)); echo "!! FAILED: python package tests"; fi
+  # Parity while decoding (dms_knorm, decoding_knorm, compression_ratio_decoding_knorm against kvpress): the
+  # kvpress half in the peers' venv, the kvzap half in the package's venv just built. About 2 minutes.
+  if [ -n "${peer_py:-}" ]; then
+    for check in tests/python/check_dms_decoding.py tests/python/check_decoding_press.py; do
+      KVZAP_PY="${KVZAP_PY_VENV:-$BUILD_DIR/venv-py}/bin/python" CHECK_PYTHON="$peer_py" KVZAP_REQUIRE_PEERS=1 \
+        run_check "$check"
+    done
+  else
+    echo "SKIPPED: kvpress parity while decoding (KVZAP_PEER_CHECKS=1 runs it)"
+    skipped=$((skipped + 1))
+  fi
 else
   echo "SKIPPED: python package tests (KVZAP_PYTHON_TESTS=0)"
   skipped=$((skipped + 1))

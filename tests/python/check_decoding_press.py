@@ -12,16 +12,15 @@ wrapping DecodingPress.compress and matching each kept key row to the row it was
 
 Two halves in two environments: this script runs kvpress (torch, transformers, kvpress: the peers' venv) and
 the same script with --kvzap-side under KVZAP_PY (a python with the kvzap package, e.g. the one
-scripts/test_python_pkg.sh makes: build/venv-py/bin/python). Prints SKIPPED without them.
+scripts/test_python_pkg.sh makes: build/venv-py/bin/python). Prints SKIPPED without them
+(fails under KVZAP_REQUIRE_PEERS=1; two_sides.py).
 Usage: KVZAP_PY=build/venv-py/bin/python /work/venv-parity/bin/python tests/python/check_decoding_press.py
 """
-import json
 import os
-import subprocess
 import sys
-import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+import two_sides
+
 COMPRESSION_INTERVAL, TARGET_SIZE, TARGET_RATIO, N_ANSWER = 8, 96, 0.5, 40
 # kvzap press -> kvpress class and arguments (the base press: KnormPress)
 VARIANTS = {
@@ -33,17 +32,9 @@ VARIANTS = {
 
 
 def kvpress_side(tmp):
-    sys.path.insert(0, HERE)
-    saved, sys.argv = sys.argv, [sys.argv[0]]
-    import check_kvpress_parity as C
-    sys.argv = saved
-    import torch
-    import kvpress as K
+    C = two_sides.parity_module()
+    torch, K, _ = two_sides.peer_imports()
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, DynamicCache
-    import transformers
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    torch.set_num_threads(2)
     out = {}
     for kind, seed in (("llama", 11), ("smollm2", 12)):
         d = os.path.join(tmp, kind)
@@ -127,32 +118,14 @@ def kvzap_side(ref):
 
 
 def main():
-    if "--kvzap-side" in sys.argv:
-        json.dump(kvzap_side(json.load(open(sys.argv[-2]))), open(sys.argv[-1], "w"))
+    sides = two_sides.run(__file__, "decoding press parity", kvpress_side, kvzap_side)
+    if sides is None:
         return 0
-    py = os.path.abspath(os.environ["KVZAP_PY"]) if os.environ.get("KVZAP_PY") else None
-    try:
-        import torch  # noqa: F401
-        import kvpress  # noqa: F401
-    except Exception as e:  # noqa: BLE001
-        print("SKIPPED: decoding press parity needs torch and kvpress (%s)" % e)
-        return 0
-    if not py or not os.path.exists(py):
-        print("SKIPPED: decoding press parity needs KVZAP_PY, a python with the kvzap package")
-        return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        ref = kvpress_side(tmp)
-        a, b = os.path.join(tmp, "ref.json"), os.path.join(tmp, "kvzap.json")
-        json.dump(ref, open(a, "w"))
-        subprocess.run([py, os.path.abspath(__file__), "--kvzap-side", a, b], check=True, cwd=tmp)
-        got = json.load(open(b))
+    ref, got = sides
     heads = ident = answers = 0
     n_ok = 0
     jac = []
-    sys.path.insert(0, HERE)
-    saved, sys.argv = sys.argv, [sys.argv[0]]
-    from check_kvpress_parity import explained_by_ties
-    sys.argv = saved
+    explained_by_ties = two_sides.parity_module().explained_by_ties
     for key, r in ref.items():
         g = got[key]
         # Compressions in order: identical kept sets on every (layer, KV head), until the first where a head
