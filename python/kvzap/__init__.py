@@ -70,6 +70,29 @@ def _make_class(entry: dict) -> type:
     return type(entry["python_class"], (BasePress,), {"press_name": entry["name"], "__doc__": doc})
 
 
+# kvzap's press specs are flat (one value per parameter name), kvpress's wrappers nest: CriticalKVPress(
+# ExpectedAttentionPress(epsilon=...)) has two epsilons. An inner argument that has the name of one of the
+# wrapper's own arguments is refused rather than silently taken as the wrapper's. (DMSPress is not here:
+# its threshold and window are the spec fields a kvzap press's own threshold= and window= set.)
+_WRAPPER_OWN_ARGS = {
+    "AdaKVPress": ("alpha_safeguard",),
+    "ChunkPress": ("chunk_length",),
+    "BlockPress": ("block_size",),
+    "CriticalKVPress": ("epsilon", "first_stage_ratio"),
+    "CriticalAdaKVPress": ("alpha_safeguard", "epsilon", "first_stage_ratio"),
+    "DecodingPress": ("compression_interval", "target_size"),
+    "CompressionRatioDecodingPress": ("target_compression_ratio", "compression_interval"),
+}
+
+
+def _refuse_shadowed_args(wrapper: str, press: "BasePress") -> None:
+    shadowed = [k for k in _WRAPPER_OWN_ARGS.get(wrapper, ()) if press._kwargs.get(k) is not None]
+    if shadowed:
+        raise Error(f"{wrapper}({type(press).__name__}({shadowed[0]}=...)): the inner press's {shadowed[0]} has "
+                    f"the name of {wrapper}'s own argument, and kvzap's press specs hold one value per name; pass "
+                    f"it to {wrapper} if you mean {wrapper}'s, or leave the inner press's at its default")
+
+
 class KVzapPress(BasePress):
     """KVzap: a surrogate predicts log KVzip+ scores from the hidden states. model_type "mlp" or "linear";
     threshold=T evicts pairs scoring below T (kvpress's DMSPress), compression_ratio=r a fixed fraction."""
@@ -89,6 +112,7 @@ class AdaKVPress(BasePress):
     def __init__(self, press: BasePress, **kwargs: Any):
         if not isinstance(press, BasePress):
             raise Error(f"AdaKVPress: press must be a kvzap press, got {type(press).__name__}")
+        _refuse_shadowed_args("AdaKVPress", press)
         inner = {k: v for k, v in press.spec.items() if k not in ("press", "ratio_scope")}
         self.press_name = "adakv_" + press.spec["press"] if not press.spec["press"].startswith("adakv_") else press.spec["press"]
         self._kwargs = {"press": press, **kwargs}
@@ -101,6 +125,7 @@ def _wrapped_press(prefix: str, wrapper: str, press: "BasePress", kwargs: dict) 
     their own, named prefix + the inner press's name (chunk_snapkv, critical_expected_attention, ...)."""
     if not isinstance(press, BasePress):
         raise Error(f"{wrapper}: press must be a kvzap press, got {type(press).__name__}")
+    _refuse_shadowed_args(wrapper, press)
     name = prefix + press.spec["press"]
     if name not in _REGISTRY:
         have = sorted(n[len(prefix):] for n in _REGISTRY if n.startswith(prefix))
@@ -163,6 +188,18 @@ class ComposedPress(BasePress):
         params = {}
         for p in presses:
             params.update({k: v for k, v in p.spec.items() if k not in ("press", "ratio_scope", "ratio", "threshold")})
+        # The stages share one flat spec: an argument one stage sets reaches every stage that declares it, so
+        # it is refused where another stage declares it too and did not set it to the same value.
+        for i, p in enumerate(presses):
+            for k, v in p._kwargs.items():
+                if k == "compression_ratio" or v is None:
+                    continue
+                for j, other in enumerate(presses):
+                    declared = {q["name"] for q in _REGISTRY.get(other.spec["press"], {}).get("params", [])}
+                    if j != i and k in declared and other._kwargs.get(k) != v:
+                        raise Error(f"ComposedPress: stage {i} ({type(p).__name__}) sets {k}={v!r} and stage {j} "
+                                    f"({type(other).__name__}) declares {k} too; kvzap's press specs hold one "
+                                    f"value per name, so give both the same {k}")
         self.press_name = "composed_" + "+".join(p.spec["press"] for p in presses)
         self._kwargs = {"presses": presses}
         spec = {**params, "press": self.press_name, "ratios": [float(p.spec.get("ratio", 0.0)) for p in presses]}
@@ -174,6 +211,7 @@ def _decoding_press(self: BasePress, prefix: str, base_press: BasePress, **param
     the family's parameters, under the registry name prefix + the base press's."""
     if not isinstance(base_press, BasePress):
         raise Error(f"{type(self).__name__}: base_press must be a kvzap press, got {type(base_press).__name__}")
+    _refuse_shadowed_args(type(self).__name__, base_press)
     inner = {k: v for k, v in base_press.spec.items() if k not in ("press", "ratio_scope", "ratio", "threshold")}
     self.press_name = prefix + base_press.spec["press"]
     self._kwargs = {"base_press": base_press, **params}

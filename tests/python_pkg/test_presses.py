@@ -166,3 +166,21 @@ def test_families_and_kvpress_gaps_are_listed():
     assert "QFilterPress" in gaps and gaps["QFilterPress"]["reason"]
     for cls in gaps:
         assert not hasattr(kvzap, cls), f"{cls} is listed as missing but the package has it"
+
+
+def test_nested_arguments_that_a_flat_spec_cannot_hold_are_refused():
+    # CriticalKVPress(ExpectedAttentionPress(epsilon=...)): two epsilons, one spec field; never the inner
+    # press's value taken silently as the wrapper's.
+    with pytest.raises(kvzap.Error, match="inner press's epsilon has the name of CriticalKVPress's own argument"):
+        kvzap.CriticalKVPress(kvzap.ExpectedAttentionPress(compression_ratio=0.5, epsilon=0.05))
+    with pytest.raises(kvzap.Error, match="chunk_length"):
+        kvzap.ChunkPress(kvzap.ChunkKVPress(compression_ratio=0.5, chunk_length=8))
+    p = kvzap.CriticalKVPress(kvzap.ExpectedAttentionPress(compression_ratio=0.5), epsilon=0.05)
+    assert p.spec["epsilon"] == 0.05 and p.spec["press"] == "critical_expected_attention", p.spec
+    # ComposedPress: an argument one stage sets reaches every stage declaring it, so a different value is refused.
+    with pytest.raises(kvzap.Error, match="stage 0 .* sets n_sink=8 and stage 1"):
+        kvzap.ComposedPress([kvzap.LagKVPress(compression_ratio=0.5, n_sink=8),
+                             kvzap.StreamingLLMPress(compression_ratio=0.5)])
+    same = kvzap.ComposedPress([kvzap.LagKVPress(compression_ratio=0.5, n_sink=8),
+                                kvzap.StreamingLLMPress(compression_ratio=0.5, n_sink=8)])
+    assert same.spec["n_sink"] == 8, same.spec
