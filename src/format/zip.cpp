@@ -58,6 +58,13 @@ std::string member_problem(zip_error_t* err) {
 
 }  // namespace
 
+struct Archive::Libzip {
+  zip_t* z = nullptr;
+  ~Libzip() {
+    if (z) zip_discard(z);  // read-only: nothing to write back
+  }
+};
+
 void Archive::fail(const std::string& problem) const { throw Error(path_ + ": " + problem); }
 
 std::unique_ptr<Archive> Archive::open(const std::string& path) {
@@ -66,8 +73,9 @@ std::unique_ptr<Archive> Archive::open(const std::string& path) {
   int code = 0;
   // ZIP_CHECKCONS: also compare every local header with its central directory entry, so a damaged
   // archive is rejected at open rather than halfway through a multi-GB extraction.
-  a->zip_ = zip_open(path.c_str(), ZIP_RDONLY | ZIP_CHECKCONS, &code);
-  if (!a->zip_) {
+  a->lz_ = std::make_unique<Libzip>();
+  zip_t* z = a->lz_->z = zip_open(path.c_str(), ZIP_RDONLY | ZIP_CHECKCONS, &code);
+  if (!z) {
     switch (code) {
       case ZIP_ER_NOENT:
         a->fail("no such file");
@@ -91,15 +99,15 @@ std::unique_ptr<Archive> Archive::open(const std::string& path) {
         a->fail("cannot open zip: " + ErrorText(code).text());
     }
   }
-  const zip_int64_t n = zip_get_num_entries(a->zip_, 0);
+  const zip_int64_t n = zip_get_num_entries(z, 0);
   if (n < 0) a->fail("cannot read the central directory");
   a->entries_.reserve((size_t)n);
   for (zip_int64_t i = 0; i < n; ++i) {
     zip_stat_t st;
     zip_stat_init(&st);
     // ENC_RAW: the name's bytes as stored (wheels use UTF-8), not a CP437 guess converted to UTF-8.
-    if (zip_stat_index(a->zip_, (zip_uint64_t)i, ZIP_FL_ENC_RAW, &st) != 0)
-      a->fail("cannot read central directory entry " + std::to_string(i) + ": " + zip_strerror(a->zip_));
+    if (zip_stat_index(z, (zip_uint64_t)i, ZIP_FL_ENC_RAW, &st) != 0)
+      a->fail("cannot read central directory entry " + std::to_string(i) + ": " + zip_strerror(z));
     const zip_uint64_t need = ZIP_STAT_NAME | ZIP_STAT_SIZE | ZIP_STAT_COMP_SIZE | ZIP_STAT_CRC |
                               ZIP_STAT_COMP_METHOD | ZIP_STAT_ENCRYPTION_METHOD;
     if ((st.valid & need) != need) a->fail("incomplete central directory entry " + std::to_string(i));
@@ -117,9 +125,7 @@ std::unique_ptr<Archive> Archive::open(const std::string& path) {
   return a;
 }
 
-Archive::~Archive() {
-  if (zip_) zip_discard(zip_);  // read-only: nothing to write back
-}
+Archive::~Archive() = default;
 
 const Entry* Archive::find(const std::string& name) const {
   const auto it = by_name_.find(name);
@@ -137,8 +143,8 @@ void Archive::extract(const Entry& e, const Sink& sink) const {
   if (e.encrypted) fail(what + " is encrypted");
   if (!zip_compression_method_supported((zip_int32_t)e.method, 0))
     fail(what + " uses unsupported compression method " + std::to_string(e.method));
-  std::unique_ptr<zip_file_t, int (*)(zip_file_t*)> f(zip_fopen_index(zip_, e.index, 0), &zip_fclose);
-  if (!f) fail(what + ": " + member_problem(zip_get_error(zip_)));
+  std::unique_ptr<zip_file_t, int (*)(zip_file_t*)> f(zip_fopen_index(lz_->z, e.index, 0), &zip_fclose);
+  if (!f) fail(what + ": " + member_problem(zip_get_error(lz_->z)));
 
   std::vector<uint8_t> buf(kChunk);
   uint64_t produced = 0;

@@ -11,8 +11,6 @@
 
 #include "kvzap/error.h"
 
-struct zip;  // libzip's zip_t, kept out of this header
-
 namespace kvzap::zip {
 
 struct Entry {
@@ -48,7 +46,8 @@ class Archive {
   [[noreturn]] void fail(const std::string& problem) const;
 
   std::string path_;
-  ::zip* zip_ = nullptr;  // a libzip handle is not safe to share between threads
+  struct Libzip;  // owns libzip's zip_t (zip.cpp); a libzip handle is not safe to share between threads
+  std::unique_ptr<Libzip> lz_;
   std::vector<Entry> entries_;
   std::unordered_map<std::string, size_t> by_name_;
 };
