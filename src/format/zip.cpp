@@ -90,6 +90,8 @@ std::unique_ptr<Archive> Archive::open(const std::string& path) {
         a->fail("not a zip file");
       case ZIP_ER_INCONS:
         a->fail("corrupt zip: the central directory is inconsistent");
+      case ZIP_ER_EXISTS:  // ZIP_CHECKCONS refuses two members of the same name
+        a->fail("corrupt zip: two members have the same name");
       case ZIP_ER_MULTIDISK:
         a->fail("multi-disk zip archives are not supported");
       case ZIP_ER_READ:

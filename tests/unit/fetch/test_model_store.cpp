@@ -387,6 +387,9 @@ TEST_F(ModelStoreTest, ZipReaderErrorMessages) {
   bad[eocd + 16] = (char)0xf0;  // the central directory offset's low byte
   bad[eocd + 19] = (char)0x10;  // ... and high byte: far past the end
   EXPECT_EQ(open_and_read(bad), zip + ": corrupt zip: the central directory is inconsistent");
+  // Two members of the same name: which one a lookup meant is ambiguous.
+  EXPECT_EQ(open_and_read(make_zip({{"x.gguf", "one", false}, {"x.gguf", "two", false}})),
+            zip + ": corrupt zip: two members have the same name");
   // A missing member.
   write_file(zip, good);
   const auto a = kvzap::zip::Archive::open(zip);
