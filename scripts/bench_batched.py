@@ -34,17 +34,13 @@ import os
 import platform
 import re
 import shlex
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def log(msg: str) -> None:
-    print(f"bench_batched: {msg}", file=sys.stderr, flush=True)
+from benchserve.report import median
+from benchserve.servers import REPO, default_model, llama_bin_dir, log
 
 
 def int_list(text: str) -> list[int]:
@@ -55,30 +51,6 @@ def int_list(text: str) -> list[int]:
     if not values or any(v <= 0 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
-
-
-def default_model(kvzap: Path) -> Path:
-    """The output of `kvzap pull` (last line of stdout)."""
-    if not (kvzap.is_file() and os.access(kvzap, os.X_OK)):
-        sys.exit(f"error: no -m given and {kvzap} is not an executable to run `pull` with")
-    proc = subprocess.run([str(kvzap), "pull"], capture_output=True, text=True, timeout=900)
-    lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
-    if proc.returncode != 0 or not lines:
-        sys.exit(f"error: `{kvzap} pull` failed (rc {proc.returncode}): {proc.stderr.strip()[-500:]}")
-    return Path(lines[-1])
-
-
-def llama_bin_dir(explicit: str | None) -> Path:
-    """Folder holding llama-batched-bench: --llama-bin, else scripts/build_llamacpp.sh (cached after one build)."""
-    if explicit:
-        return Path(explicit)
-    log("locating llama.cpp tools with scripts/build_llamacpp.sh (builds them the first time)")
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "build_llamacpp.sh")], stdout=subprocess.PIPE,
-                          text=True, timeout=7200)
-    lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
-    if proc.returncode != 0 or not lines:
-        sys.exit(f"error: scripts/build_llamacpp.sh failed (rc {proc.returncode})")
-    return Path(lines[-1])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -231,11 +203,6 @@ def run_capacity(args, model: Path, bin_dir: Path) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------
-
-def median(values):
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
-
 
 def fmt(v, digits=1) -> str:
     return "n/a" if v is None else f"{v:.{digits}f}"

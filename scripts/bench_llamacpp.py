@@ -37,6 +37,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchserve.servers import llama_bin_dir
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -104,9 +106,7 @@ def main() -> int:
     kvzap = os.environ.get("KVZAP_BIN", str(ROOT / "build" / "kvzap"))
     if not Path(kvzap).exists():
         raise SystemExit(f"error: {kvzap} not found (build kvzap first: bash scripts/setup.sh)")
-    bindir = subprocess.run(["bash", str(ROOT / "scripts" / "build_llamacpp.sh")], check=True, capture_output=True,
-                            text=True).stdout.strip().splitlines()[-1]
-    bench = str(Path(bindir) / "llama-bench")
+    bench = str(llama_bin_dir(None) / "llama-bench")
     tests = [t for t in a.tests.split(",") if t]
     threads = [int(t) for t in a.threads.split(",") if t]
 
