@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 need_apt=0
 for pkg in build-essential cmake pkg-config ccache libgtest-dev nlohmann-json3-dev libcli11-dev \
-           libcpp-httplib-dev libutf8proc-dev zlib1g-dev libzip-dev libssl-dev python3 python3-pip python3-venv; do
+           libcpp-httplib-dev libutf8proc-dev zlib1g-dev libzip-dev libcsv-dev libssl-dev python3 python3-pip python3-venv; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt=1
 done
 if [ "$need_apt" = 1 ]; then
@@ -15,7 +15,7 @@ if [ "$need_apt" = 1 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq build-essential cmake pkg-config ccache \
     libgtest-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libutf8proc-dev zlib1g-dev \
-    libzip-dev libssl-dev python3 python3-pip python3-venv >/dev/null
+    libzip-dev libcsv-dev libssl-dev python3 python3-pip python3-venv >/dev/null
 fi
 
 # Python is only used by checks and benchmarks (never by the engine).

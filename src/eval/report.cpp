@@ -2,13 +2,16 @@
 
 #include "common/atomic_file.h"
 
+#include <csv.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -38,72 +41,102 @@ std::string fixed(double v, int decimals) {
   return buf;
 }
 
+// One field for the writer. A field that needs no quotes stays bare (so ordinary files read as before);
+// any other is quoted by libcsv's csv_write (RFC 4180: surrounding quotes, inner quotes doubled).
+// Leading/trailing blanks are quoted too: lenient readers (libcsv's default mode among them) trim them.
 std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"') out += '"';
-    out += c;
-  }
-  return out + "\"";
+  const auto blank = [](char c) { return c == ' ' || c == '\t'; };
+  if (s.find_first_of(",\"\r\n") == std::string::npos && (s.empty() || (!blank(s.front()) && !blank(s.back()))))
+    return s;
+  const size_t n = csv_write(nullptr, 0, s.data(), s.size());
+  if (n == SIZE_MAX) throw Error("CSV field too large to write");
+  std::string out(n, '\0');
+  csv_write(out.data(), out.size(), s.data(), s.size());
+  return out;
 }
 
-// Splits CSV text into records; each record remembers the line it starts on.
+// One CSV record and the line it starts on.
 struct CsvRecord {
   int64_t line;
   std::vector<std::string> fields;
 };
 
-std::vector<CsvRecord> parse_csv(std::string_view text) {
+// State shared with libcsv's callbacks. They run inside C code, so no exception may leave them:
+// one is kept here and rethrown after the call.
+struct CsvState {
   std::vector<CsvRecord> records;
-  CsvRecord rec{1, {}};
-  std::string field;
-  bool quoted = false, field_started = false;
-  int64_t line = 1;
-  auto end_field = [&] {
-    rec.fields.push_back(std::move(field));
-    field.clear();
-    field_started = false;
-  };
-  auto end_record = [&] {
-    end_field();
-    const bool blank = rec.fields.size() == 1 && rec.fields[0].empty();
-    if (!blank) records.push_back(std::move(rec));
-    rec = CsvRecord{line, {}};
-  };
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (quoted) {
-      if (c == '"') {
-        if (i + 1 < text.size() && text[i + 1] == '"') {
-          field += '"';
-          ++i;
-        } else {
-          quoted = false;
-        }
-      } else {
-        if (c == '\n') ++line;
-        field += c;
-      }
-      continue;
-    }
-    if (c == '"' && !field_started) {
-      quoted = field_started = true;
-    } else if (c == ',') {
-      end_field();
-    } else if (c == '\r' && i + 1 < text.size() && text[i + 1] == '\n') {
-      // CRLF: handled by the '\n'
-    } else if (c == '\n') {
-      ++line;
-      end_record();
-    } else {
-      field += c;
-      field_started = true;
-    }
+  std::vector<std::string> fields;  // the record being read
+  int64_t newlines = 0;             // '\n' inside its (quoted) fields
+  int64_t line = 1;                 // the line being fed to the parser
+  int64_t records_ended = 0;        // every end of record, blank ones included
+  std::exception_ptr error;
+};
+
+void on_field(void* data, size_t len, void* state) {
+  auto& st = *static_cast<CsvState*>(state);
+  try {
+    const char* s = static_cast<const char*>(data);
+    st.fields.emplace_back(s, len);
+    st.newlines += std::count(s, s + len, '\n');
+  } catch (...) {
+    if (!st.error) st.error = std::current_exception();
   }
-  if (quoted) throw Error("CSV line " + std::to_string(rec.line) + ": unterminated quoted field");
-  if (field_started || !field.empty() || !rec.fields.empty()) end_record();
-  return records;
+}
+
+void on_record(int, void* state) {
+  auto& st = *static_cast<CsvState*>(state);
+  try {
+    ++st.records_ended;
+    const bool blank = st.fields.empty() || (st.fields.size() == 1 && st.fields[0].empty());
+    // The record ends on st.line; its fields' own line breaks put its start that many lines earlier.
+    if (!blank) st.records.push_back({st.line - st.newlines, std::move(st.fields)});
+    st.fields.clear();
+    st.newlines = 0;
+  } catch (...) {
+    if (!st.error) st.error = std::current_exception();
+  }
+}
+
+int no_space(unsigned char) { return 0; }  // keep blanks around unquoted fields, as written
+
+// Splits CSV text into records with libcsv in strict mode (a quote inside an unquoted field, text
+// after a closing quote and an unterminated quoted field are errors). The text is fed one line at a
+// time so that the callbacks know the line number. Blank lines are skipped.
+std::vector<CsvRecord> parse_csv(std::string_view text) {
+  csv_parser parser;
+  if (csv_init(&parser, CSV_STRICT | CSV_STRICT_FINI) != 0) throw Error("cannot initialise the CSV parser");
+  struct Free {
+    csv_parser* p;
+    ~Free() { csv_free(p); }
+  } free_parser{&parser};
+  csv_set_space_func(&parser, no_space);
+  CsvState st;
+  size_t record_end = 0;  // offset just past the line on which the last record ended
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t nl = text.find('\n', pos);
+    const size_t end = nl == std::string_view::npos ? text.size() : nl + 1;
+    const int64_t ended = st.records_ended;
+    const size_t done = csv_parse(&parser, text.data() + pos, end - pos, on_field, on_record, &st);
+    if (st.error) std::rethrow_exception(st.error);
+    if (done != end - pos) {
+      const std::string where = "CSV line " + std::to_string(st.line) + ": ";
+      if (csv_error(&parser) == CSV_EPARSE)
+        throw Error(where + "malformed quoting (a quote inside an unquoted field, or text after a closing quote)");
+      throw Error(where + csv_strerror(csv_error(&parser)));
+    }
+    if (st.records_ended != ended) record_end = end;
+    pos = end;
+    if (nl != std::string_view::npos) ++st.line;
+  }
+  if (csv_fini(&parser, on_field, on_record, &st) != 0) {
+    // The open record starts on the first non-blank line after the last one; the unterminated
+    // field, after the line breaks of the fields before it.
+    const size_t start = std::min(text.find_first_not_of("\r\n", record_end), text.size());
+    const int64_t line = 1 + std::count(text.begin(), text.begin() + start, '\n') + st.newlines;
+    throw Error("CSV line " + std::to_string(line) + ": unterminated quoted field");
+  }
+  if (st.error) std::rethrow_exception(st.error);
+  return std::move(st.records);
 }
 
 double parse_double(const std::string& s, const char* column, int64_t line) {
@@ -312,9 +345,15 @@ std::vector<ResultRow> results_from_json(std::string_view text) {
 }
 
 std::vector<ResultRow> read_results(const std::string& path) {
-  if (ends_with(path, ".csv")) return results_from_csv(read_text(path));
-  if (ends_with(path, ".json") || ends_with(path, ".jsonl")) return results_from_json(read_text(path));
-  throw Error("results file must end in .csv, .json or .jsonl: " + path);
+  const bool csv = ends_with(path, ".csv");
+  if (!csv && !ends_with(path, ".json") && !ends_with(path, ".jsonl"))
+    throw Error("results file must end in .csv, .json or .jsonl: " + path);
+  const std::string text = read_text(path);
+  try {
+    return csv ? results_from_csv(text) : results_from_json(text);
+  } catch (const Error& e) {
+    throw Error(path + ": " + e.what());  // which of several inputs is malformed
+  }
 }
 
 void write_results(const std::string& path, const std::vector<ResultRow>& rows) {

@@ -26,9 +26,11 @@ struct ResultRow {
 std::vector<ResultRow> rows_from_task_scores(const std::string& press, const std::string& setting_kind,
                                              double setting, const std::vector<TaskScore>& scores);
 
-// CSV (RFC 4180 quoting; numbers written in shortest round-trip form, so write -> read is exact).
-// Reading matches columns by header name (any order, extra columns ignored) and throws
-// kvzap::Error with the line number for a missing column or a malformed value.
+// CSV via libcsv (RFC 4180 quoting; numbers written in shortest round-trip form, so write -> read is
+// exact). Reading matches columns by header name (any order, extra columns ignored), skips blank
+// lines, and throws kvzap::Error with the line number for a missing column, a wrong field count, a
+// malformed value, or malformed quoting (strict: a stray quote, text after a closing quote, an
+// unterminated quoted field).
 std::string results_to_csv(const std::vector<ResultRow>& rows);
 std::vector<ResultRow> results_from_csv(std::string_view text);
 // JSON: an array of objects with the CSV column names as keys, or JSON Lines of such objects.

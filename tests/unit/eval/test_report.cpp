@@ -126,6 +126,95 @@ TEST(EvalReport, CsvErrorsNameTheProblem) {
   EXPECT_THROW(read_results("results.txt"), Error);
 }
 
+// The message of the kvzap::Error that results_from_csv throws for `text` ("" if none).
+std::string csv_error(const std::string& text) {
+  try {
+    results_from_csv(text);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const char* const kHeader = "press,setting_kind,setting,task,n,score,evicted_fraction\n";
+
+TEST(EvalReport, CsvQuotedFieldsRoundTrip) {
+  // Plain fields stay bare: the file is byte for byte what it always was.
+  EXPECT_EQ(results_to_csv({{"snapkv", "ratio", 0.5, "vt", 4, 12.5, 0.25}}),
+            std::string(kHeader) + "snapkv,ratio,0.5,vt,4,12.5,0.25\n");
+  // Commas, quotes, CR/LF and LF line breaks inside fields, and blanks at either end.
+  const std::vector<ResultRow> rows = {
+      {"a,b", "ratio", 0.5, "say \"hi\"", 1, 1, 0.5},
+      {"two\nlines", "threshold", -3, "crlf\r\ninside", 2, 2, 0.25},
+      {" padded\t", "none", 0, "\"\"", 3, 3, 0},
+      {"plain", "ratio", 0.25, ",", 4, 4, 0.125},
+  };
+  const std::string csv = results_to_csv(rows);
+  EXPECT_NE(csv.find("\"a,b\",ratio,0.5,\"say \"\"hi\"\"\""), std::string::npos) << csv;
+  EXPECT_NE(csv.find("\"two\nlines\""), std::string::npos) << csv;
+  EXPECT_NE(csv.find("\" padded\t\""), std::string::npos) << csv;
+  EXPECT_NE(csv.find(",\"\"\"\"\"\","), std::string::npos) << csv;
+  const auto back = results_from_csv(csv);
+  ASSERT_EQ(back.size(), rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(back[i].press, rows[i].press) << i;
+    EXPECT_EQ(back[i].task, rows[i].task) << i;
+    EXPECT_EQ(back[i].n, rows[i].n) << i;
+    EXPECT_EQ(back[i].setting, rows[i].setting) << i;
+  }
+  // Hand-written: quoted numbers, blank lines, no final line break, unquoted blanks kept.
+  const auto hand = results_from_csv(std::string(kHeader) + "\n\"x\",\"ratio\",\"0.5\",vt,\"7\",1,0\r\n\r\n\n" +
+                                     "y ,none,0,vt,1,2,0");
+  ASSERT_EQ(hand.size(), 2u);
+  EXPECT_EQ(hand[0].press, "x");
+  EXPECT_EQ(hand[0].setting, 0.5);
+  EXPECT_EQ(hand[0].n, 7);
+  EXPECT_EQ(hand[1].press, "y ");
+  EXPECT_EQ(hand[1].score, 2);
+}
+
+TEST(EvalReport, CsvMalformedInputNamesTheLine) {
+  const std::string h = kHeader;
+  // A wrong field count, on line 3 (after a blank line).
+  EXPECT_NE(csv_error(h + "\nx,ratio,0.5,vt,1,2\n").find("line 3: expected 7 fields, found 6"), std::string::npos)
+      << csv_error(h + "\nx,ratio,0.5,vt,1,2\n");
+  // Line numbers count the line breaks inside quoted fields: the bad row starts on line 5.
+  const std::string multi = h + "\"a\nb\nc\",ratio,0.5,vt,1,2,0\nz,ratio,0.5,vt,1,2,0,extra\n";
+  EXPECT_NE(csv_error(multi).find("line 5:"), std::string::npos) << csv_error(multi);
+  const std::string bad_number = h + "\"a\nb\",ratio,0.5,vt,1,2,0\nz,ratio,0.5,vt,one,2,0\n";
+  EXPECT_NE(csv_error(bad_number).find("line 4: column n is not an integer: 'one'"), std::string::npos)
+      << csv_error(bad_number);
+  // A bad row that itself spans lines 2-3 is named by the line it starts on.
+  const std::string spans = h + "\"a\nb\",ratio,0.5,vt,1,2,zero\n";
+  EXPECT_NE(csv_error(spans).find("line 2: column evicted_fraction"), std::string::npos) << csv_error(spans);
+  EXPECT_NE(csv_error(h + "x,ratio,0.5,vt,1,2,0.5x\n").find("line 2: column evicted_fraction is not a number"),
+            std::string::npos);
+  // An unterminated quote names the line where the field opens, not the end of the text.
+  const std::string open_quote = h + "x,ratio,0.5,vt,1,2,0\n\ny,ratio,0.5,\"vt,1,2,0\nmore\n\n";
+  EXPECT_NE(csv_error(open_quote).find("line 4: unterminated quoted field"), std::string::npos)
+      << csv_error(open_quote);
+  const std::string open_late = h + "\"a\nb\",ratio,0.5,\"vt\nz,1,2,0\n";
+  EXPECT_NE(csv_error(open_late).find("line 3: unterminated quoted field"), std::string::npos)
+      << csv_error(open_late);
+  // A quote inside an unquoted field, and text after a closing quote.
+  const std::string stray = h + "x,ratio,0.5,vt,1,2,0\nx\"y,ratio,0.5,vt,1,2,0\n";
+  EXPECT_NE(csv_error(stray).find("line 3: malformed quoting"), std::string::npos) << csv_error(stray);
+  const std::string after = h + "\"x\"y,ratio,0.5,vt,1,2,0\n";
+  EXPECT_NE(csv_error(after).find("line 2: malformed quoting"), std::string::npos) << csv_error(after);
+  // A header alone is an empty result, not an error; blank text is an error.
+  EXPECT_TRUE(results_from_csv(h).empty());
+  EXPECT_NE(csv_error("\n\r\n").find("empty"), std::string::npos);
+  // From a file, the message names the file too.
+  const std::string path = testing::TempDir() + "/kvzap_bad_results.csv";
+  std::ofstream(path) << after;
+  try {
+    read_results(path);
+    FAIL() << "malformed file accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ": CSV line 2: malformed quoting"), std::string::npos) << e.what();
+  }
+}
+
 TEST(EvalReport, JsonAndFileRoundTrip) {
   const auto rows = sample_rows();
   const auto back = results_from_json(results_to_json(rows));
