@@ -144,8 +144,10 @@ std::unique_ptr<Scorer> make_lagkv_scorer(int64_t n_sink = 4, int64_t lag_size =
 std::unique_ptr<Scorer> make_chunkkv_scorer(const ModelConfig& c, int64_t chunk_length = 20);
 // kvpress CURPress leverage_type, in the order of the parameter's choices.
 enum class CurLeverage { key, value, kv_avg, kv_product };
+// use_random_leverage: norms through a Gaussian projection drawn from `seed` (press/scorer_cur.cpp).
 std::unique_ptr<Scorer> make_cur_scorer(int64_t num_sinks = 4, int64_t local_window_size = 16, bool use_local_approximation = true,
-                                        CurLeverage leverage = CurLeverage::kv_product);
+                                        CurLeverage leverage = CurLeverage::kv_product, bool use_random_leverage = false,
+                                        uint64_t seed = 42);
 // SimLayerKV (press/scorer_simlayerkv.cpp): its own budget (BudgetSplit::uses_ratio false), whole lazy layers
 // cut to their first n_initial and last n_recent - n_last entries. Throws kvzap::Error unless n_recent > n_last.
 std::unique_ptr<Scorer> make_simlayerkv_scorer(const ModelConfig& c, double lazy_threshold, int n_last = 1,

@@ -2,13 +2,16 @@
 // k2 = ||k||^2 and v2 = ||v||^2, each normalised to sum 1 within aligned windows of 16 slots (the last
 // window zero-padded); score = k2 * v2 (leverage_type kv_product; or k2,
 // v2, (k2 + v2) / 2) normalised to sum 1 over the stream; the first 4 slots = 1.0. Defaults of kvpress:
-// kv_product, local approximation on, no random projection (kvpress's use_random_leverage draws an unseeded
-// projection: not offered). num_sinks, leverage_type, use_local_approximation and local_window_size are
-// press parameters.
+// kv_product, local approximation on, no random projection. use_random_leverage=1 first projects keys and values
+// through a Gaussian G [D][20] / sqrt(20), one per layer shared by its heads, as kvpress does; kvpress draws G
+// unseeded from torch, kvzap from PressSpec::seed (gaussian_sketch), so that choice is reproducible here and
+// matches kvpress only in distribution. num_sinks, leverage_type, use_random_leverage, use_local_approximation
+// and local_window_size are press parameters.
 #include <algorithm>
 #include <cmath>
 
 #include "model/model.h"
+#include "press/baseline_math.h"
 #include "press/baselines.h"
 
 namespace kvzap {
@@ -26,8 +29,8 @@ void normalise_windows(std::vector<double>& x, size_t window) {
 
 class CurScorer : public CacheContextScorer {
  public:
-  CurScorer(int64_t num_sinks, int64_t local_window, bool local, CurLeverage leverage)
-      : n_sink_(num_sinks), window_(local_window), local_(local), leverage_(leverage) {}
+  CurScorer(int64_t num_sinks, int64_t local_window, bool local, CurLeverage leverage, bool random, uint64_t seed)
+      : n_sink_(num_sinks), window_(local_window), local_(local), leverage_(leverage), random_(random), seed_(seed) {}
   void score_cache(const KvCache& cache, CacheScores& out) override {
     require_full_context(cache, "cur");
     size_scores(cache, out);
@@ -40,11 +43,25 @@ class CurScorer : public CacheContextScorer {
       stream_values(cache, l, h, values);
       const int64_t n = cache.length(l, h);
       std::vector<double> k2((size_t)n, 0.0), v2((size_t)n, 0.0);
-      for (int64_t i = 0; i < n; i++)
-        for (int d = 0; d < D; d++) {
-          k2[(size_t)i] += (double)keys[(size_t)(i * D + d)] * keys[(size_t)(i * D + d)];
-          v2[(size_t)i] += (double)values[(size_t)(i * D + d)] * values[(size_t)(i * D + d)];
-        }
+      if (random_) {
+        // ||x G||^2 for G [D][r], the layer's (head 0's sketch: kvpress draws one G per layer call).
+        const std::vector<double> G = gaussian_sketch(seed_, l, 0, D, kRandomDim);
+        for (int64_t i = 0; i < n; i++)
+          for (int j = 0; j < kRandomDim; j++) {
+            double kp = 0, vp = 0;
+            for (int d = 0; d < D; d++) {
+              kp += (double)keys[(size_t)(i * D + d)] * G[(size_t)(d * kRandomDim + j)];
+              vp += (double)values[(size_t)(i * D + d)] * G[(size_t)(d * kRandomDim + j)];
+            }
+            k2[(size_t)i] += kp * kp, v2[(size_t)i] += vp * vp;
+          }
+      } else {
+        for (int64_t i = 0; i < n; i++)
+          for (int d = 0; d < D; d++) {
+            k2[(size_t)i] += (double)keys[(size_t)(i * D + d)] * keys[(size_t)(i * D + d)];
+            v2[(size_t)i] += (double)values[(size_t)(i * D + d)] * values[(size_t)(i * D + d)];
+          }
+      }
       if (local_) {
         normalise_windows(k2, (size_t)window_);
         normalise_windows(v2, (size_t)window_);
@@ -70,13 +87,17 @@ class CurScorer : public CacheContextScorer {
   int64_t window_;  // kvpress local_window_size
   bool local_;      // kvpress use_local_approximation
   CurLeverage leverage_;  // kvpress leverage_type
+  bool random_;           // kvpress use_random_leverage
+  uint64_t seed_;         // G's seed (PressSpec::seed)
+  static constexpr int kRandomDim = 20;  // kvpress's r
 };
 
 }  // namespace
 
 std::unique_ptr<Scorer> make_cur_scorer(int64_t num_sinks, int64_t local_window_size, bool use_local_approximation,
-                                        CurLeverage leverage) {
-  return std::make_unique<CurScorer>(num_sinks, local_window_size, use_local_approximation, leverage);
+                                        CurLeverage leverage, bool use_random_leverage, uint64_t seed) {
+  return std::make_unique<CurScorer>(num_sinks, local_window_size, use_local_approximation, leverage,
+                                     use_random_leverage, seed);
 }
 
 namespace {
@@ -84,11 +105,14 @@ RegisterScorer reg({"cur", "CurDKV: ||k||^2 x ||v||^2, each normalised within wi
                     [](const PressSpec& o, const Model&) {
                       return make_cur_scorer((int64_t)press_param(o, "num_sinks"), (int64_t)press_param(o, "local_window_size"),
                                              press_param(o, "use_local_approximation") != 0,
-                                             (CurLeverage)(int)press_param(o, "leverage_type"));
+                                             (CurLeverage)(int)press_param(o, "leverage_type"),
+                                             press_param(o, "use_random_leverage") != 0, o.seed);
                     },
                     {.params = {{"num_sinks", 4, 0, 1 << 20, true, "the first tokens always kept"},
                                 {"leverage_type", 3, 0, 3, true, "the score: key, value, kv_avg (their mean) or kv_product",
                                  {"key", "value", "kv_avg", "kv_product"}},
+                                {"use_random_leverage", 0, 0, 1, true,
+                                 "1: norms of keys and values projected by a seeded Gaussian [head_dim][20] per layer"},
                                 {"use_local_approximation", 1, 0, 1, true, "1: norms normalised within local windows, 0: not"},
                                 {"local_window_size", 16, 1, 1 << 20, true, "the local windows' length"}},
                      .kvpress_parity = "exact (kvpress CURPress)"}});

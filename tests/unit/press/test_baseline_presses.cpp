@@ -637,18 +637,31 @@ TEST(BaselineScorers, LagKvRanksTokensByTheirSpreadRelativeToTheNextPartition) {
 
 // CurDKV by its definition: ||k||^2 and ||v||^2 each normalised within aligned windows of 16, combined by
 // the leverage type, normalised to sum 1; the first 4 slots score 1.
-Scores naive_cur(const Context& x, int64_t T, CurLeverage type) {
+// random_seed >= 0: kvpress's use_random_leverage, norms of x G for G = gaussian_sketch(seed, layer, 0, D, 20).
+Scores naive_cur(const Context& x, int64_t T, CurLeverage type, int64_t random_seed = -1) {
   const ModelConfig& c = x.c;
   const int D = c.head_dim;
   Scores want((size_t)c.n_layer, std::vector<std::vector<double>>((size_t)c.n_head_kv));
   for (int l = 0; l < c.n_layer; l++)
     for (int h = 0; h < c.n_head_kv; h++) {
+      std::vector<double> G;
+      if (random_seed >= 0) G = gaussian_sketch((uint64_t)random_seed, l, 0, D, 20);
+      auto energy = [&](const float* a) {
+        if (G.empty()) return dot(a, a, D);
+        double e = 0;
+        for (int j = 0; j < 20; j++) {
+          double p = 0;
+          for (int d = 0; d < D; d++) p += (double)a[d] * G[(size_t)(d * 20 + j)];
+          e += p * p;
+        }
+        return e;
+      };
       std::vector<double> lev((size_t)T);
       for (int64_t i = 0; i < T; i++) {
         const int64_t w0 = i / 16 * 16, w1 = std::min<int64_t>(T, w0 + 16);
         double ks = 0, vs = 0;
-        for (int64_t j = w0; j < w1; j++) ks += dot(x.key(l, h, j), x.key(l, h, j), D), vs += dot(x.value(l, h, j), x.value(l, h, j), D);
-        const double k = dot(x.key(l, h, i), x.key(l, h, i), D) / ks, v = dot(x.value(l, h, i), x.value(l, h, i), D) / vs;
+        for (int64_t j = w0; j < w1; j++) ks += energy(x.key(l, h, j)), vs += energy(x.value(l, h, j));
+        const double k = energy(x.key(l, h, i)) / ks, v = energy(x.value(l, h, i)) / vs;
         lev[(size_t)i] = type == CurLeverage::key ? k : type == CurLeverage::value ? v : type == CurLeverage::kv_avg ? (k + v) / 2 : k * v;
       }
       const double total = std::accumulate(lev.begin(), lev.end(), 0.0);
@@ -674,6 +687,26 @@ TEST(BaselineScorers, CurLeverageTypesScoreKeysValuesOrTheirMean) {
     expect_scores_near(run_scorer(*s, x, T), naive_cur(x, T, type), 1e-5,
                        ("cur leverage_type " + std::to_string((int)type)).c_str());
   }
+}
+
+TEST(BaselineScorers, CurRandomLeverageProjectsThroughTheSeededSketch) {
+  const ModelConfig c = small_config();
+  const int64_t T = 45;
+  const Context x = make_context(c, T, 11);
+  auto s = make_cur_scorer(4, 16, true, CurLeverage::kv_product, /*use_random_leverage=*/true, /*seed=*/7);
+  const CacheScores got = run_scorer(*s, x, T);
+  expect_scores_near(got, naive_cur(x, T, CurLeverage::kv_product, 7), 1e-5, "cur use_random_leverage");
+  // Not the plain norms, and another seed draws another projection.
+  auto other = make_cur_scorer(4, 16, true, CurLeverage::kv_product, true, 8);
+  const Scores plain = naive_cur(x, T, CurLeverage::kv_product);
+  const CacheScores got8 = run_scorer(*other, x, T);
+  double d_plain = 0, d_seed = 0;
+  for (size_t l = 0; l < got.size(); l++)
+    for (size_t h = 0; h < got[l].size(); h++)
+      for (size_t i = 4; i < got[l][h].size(); i++)
+        d_plain += std::fabs(got[l][h][i] - plain[l][h][i]), d_seed += std::fabs(got[l][h][i] - got8[l][h][i]);
+  EXPECT_GT(d_plain, 1e-3);
+  EXPECT_GT(d_seed, 1e-3);
 }
 
 // Leverage of the pre-RoPE keys of slots [first, first + n) of stream (l, hk) (the cached keys rotated
