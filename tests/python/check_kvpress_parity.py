@@ -288,7 +288,7 @@ def compute_query_stats(d, texts, tmp):
     with open(lst, "w") as fh:
         fh.write("\n".join(files) + "\n")
     p = subprocess.run([kvzap_bin(), "query-stats", "-m", d, "--files", lst, "--windows", str(len(files)),
-                        "--min-tokens", "64", "--max-tokens", "256", "-t", "2"], capture_output=True, text=True)
+                        "--min-tokens", "64", "--max-tokens", "2048", "-t", "2"], capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError("kvzap query-stats failed: %s" % p.stderr.strip()[-600:])
     return p.stdout.strip().splitlines()[-1]
