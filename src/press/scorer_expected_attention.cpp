@@ -29,7 +29,7 @@ class ExpectedAttentionScorer : public CacheContextScorer {
       : cfg_(c), epsilon_(o.epsilon), use_vnorm_(o.use_vnorm), use_covariance_(o.use_covariance), n_sink_(o.n_sink),
         n_future_(o.n_future_positions), stats_(o.stats), rope_(c), s1_((size_t)c.n_layer), s2_((size_t)c.n_layer), n_((size_t)c.n_layer, 0) {
     const size_t H = (size_t)c.n_head, D = (size_t)c.head_dim;
-    for (int l = 0; l < c.n_layer; l++) {
+    for (int l = 0; l < c.n_layer && !stats_; l++) {  // with given statistics nothing is accumulated
       s1_[(size_t)l].assign(H * D, 0.0);
       s2_[(size_t)l].assign(H * D * D, 0.0);
     }

@@ -1,4 +1,4 @@
-// "expected_attention_stats" (docs/ALGORITHMS.md §8.8, kvpress ExpectedAttentionStatsPress): ExpectedAttention
+// "expected_attention_stats" (docs/ALGORITHMS.md §8.34, kvpress ExpectedAttentionStatsPress): ExpectedAttention
 // (press/scorer_expected_attention.cpp, the same arithmetic) with the queries' pre-RoPE mean and covariance
 // per (layer, query head) taken from statistics computed beforehand on calibration text (`kvzap
 // query-stats`, press/query_stats.h) instead of from the context's own queries. Rotated by the RoPE

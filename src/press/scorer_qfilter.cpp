@@ -1,4 +1,4 @@
-// "qfilter" (docs/ALGORITHMS.md §8.9, kvpress QFilterPress, Q-Filters arXiv 2503.02812): score =
+// "qfilter" (docs/ALGORITHMS.md §8.34, kvpress QFilterPress, Q-Filters arXiv 2503.02812): score =
 // -(filter . k) for each key as cached (after RoPE), one filter per (layer, KV head). kvpress downloads the
 // filters its authors computed; kvzap computes them from the model's own queries on calibration text
 // (`kvzap query-stats`, press/query_stats.h, which states the sign convention: -(filter . k) is the key's
