@@ -202,14 +202,14 @@ QueryStats QueryStats::load(const std::string& path) {
 }
 
 void QueryStats::check_fits(const ModelConfig& c, const std::string& path, const std::string& press) const {
-  auto shape = [](int64_t a, int64_t b, int64_t d) {
-    return std::to_string(a) + " layers x " + std::to_string(b) + " x " + std::to_string(d);
+  auto shape = [](int64_t layers, int64_t heads, int64_t kv_heads, int64_t d) {
+    return std::to_string(layers) + " layers, " + std::to_string(heads) + " query heads, " + std::to_string(kv_heads) +
+           " KV heads, head_dim " + std::to_string(d);
   };
   if (n_layer != c.n_layer || n_head != c.n_head || n_head_kv != c.n_head_kv || head_dim != c.head_dim)
-    throw Error("press '" + press + "': the query statistics in " + path + " (" + shape(n_layer, n_head, head_dim) +
-                " query heads, " + std::to_string(n_head_kv) + " KV heads) do not fit the model (" +
-                shape(c.n_layer, c.n_head, c.head_dim) + " query heads, " + std::to_string(c.n_head_kv) +
-                " KV heads): " + command_hint(path));
+    throw Error("press '" + press + "': the query statistics in " + path + " (" +
+                shape(n_layer, n_head, n_head_kv, head_dim) + ") do not fit the model (" +
+                shape(c.n_layer, c.n_head, c.n_head_kv, c.head_dim) + "): " + command_hint(path));
 }
 
 std::string default_query_stats_path(const Model& model) {
