@@ -63,7 +63,9 @@ void PressArgs::add_to(CLI::App& sub, bool with_surrogate) {
   sub.add_flag("--decode-press", flags.decoding, "keep pruning question and generated tokens (threshold presses)");
   sub.add_flag("--press-sliding-layers", flags.sliding_layers,
                "also prune sliding-window layers (by default presses prune only global-attention layers)");
-  if (with_surrogate) sub.add_option("--surrogate", flags.surrogate_dir, "KVzap surrogate folder (kvpress format)");
+  if (with_surrogate) sub.add_option("--surrogate", flags.surrogate_dir,
+                                     "KVzap surrogate folder (kvpress format); qfilter / expected_attention_stats: "
+                                     "their query statistics file (kvzap query-stats; default beside the model)");
   sub.add_option("--press-seed", flags.seed, "seed of the random press");
   sub.add_option("--press-param", params,
                  "a parameter of the press under kvpress's name, NAME=VALUE (repeatable; `kvzap presses` lists each "

@@ -341,13 +341,18 @@ void sketched_leverage(const float* keys, int64_t n, int d, const double* phi, i
 }
 
 void rotated_query_stats(const double* s1, const double* s2, double n, const double* R, int D, float* mu_out, float* cov_out) {
-  std::vector<double> mu((size_t)D), cov((size_t)D * D), tmp((size_t)D * D, 0.0);
+  std::vector<double> mu((size_t)D), cov((size_t)D * D);
   for (int a = 0; a < D; a++) mu[(size_t)a] = s1[a] / n;
   for (int a = 0; a < D; a++)
     for (int b = 0; b < D; b++) cov[(size_t)a * D + b] = s2[(size_t)a * D + b] / n - mu[(size_t)a] * mu[(size_t)b];
+  rotate_query_stats(mu.data(), cov.data(), R, D, mu_out, cov_out);
+}
+
+void rotate_query_stats(const double* mu, const double* cov, const double* R, int D, float* mu_out, float* cov_out) {
+  std::vector<double> tmp((size_t)D * D, 0.0);
   for (int a = 0; a < D; a++) {
     double m = 0;
-    for (int b = 0; b < D; b++) m += R[(size_t)a * D + b] * mu[(size_t)b];
+    for (int b = 0; b < D; b++) m += R[(size_t)a * D + b] * mu[b];
     mu_out[a] = (float)m;
   }
   for (int a = 0; a < D; a++)  // tmp = R cov

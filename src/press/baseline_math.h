@@ -85,6 +85,9 @@ class WindowQueries {
 // queries, mean mu = s1 / n and covariance s2 / n - mu mu', rotated by the averaged RoPE matrix R [D][D]:
 // mu_out = R mu, cov_out = R cov R' (in double, stored as float).
 void rotated_query_stats(const double* s1, const double* s2, double n, const double* R, int D, float* mu_out, float* cov_out);
+// The same rotation of a given mean mu [D] and covariance cov [D][D] (expected_attention_stats: statistics
+// computed beforehand, press/query_stats.h): mu_out = R mu, cov_out = R cov R'.
+void rotate_query_stats(const double* mu, const double* cov, const double* R, int D, float* mu_out, float* cov_out);
 float expected_attention_logit(const float* k, const float* mu, const float* cov, int D, bool use_covariance, float* y);
 // acc[i] += softmax(logits)[i] for every i (logits is overwritten).
 void add_softmax(std::vector<float>& logits, float* acc);

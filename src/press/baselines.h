@@ -23,6 +23,7 @@
 namespace kvzap {
 
 class ThreadPool;
+struct QueryStats;
 
 // Base of the baseline scorers: context scorers that need only the cache plus what they observed.
 // kvpress ChunkPress's budget, shared by the chunk_<press> scorers: the context is cut into chunks of
@@ -118,6 +119,9 @@ struct ExpectedAttentionOptions {
   bool use_covariance = true;
   bool use_vnorm = true;
   double epsilon = 1e-2;
+  // Non-null: kvpress ExpectedAttentionStatsPress, the queries' mean and covariance taken from these
+  // statistics (computed beforehand on calibration text, press/query_stats.h) instead of the context's.
+  std::shared_ptr<const QueryStats> stats;
 };
 std::unique_ptr<Scorer> make_expected_attention_scorer(const ModelConfig& c, const ExpectedAttentionOptions& o);
 // The options a spec gives (press parameters of expected_attention_params()), and those parameters.

@@ -49,7 +49,8 @@ std::string press_python_class(const std::string& name) {
       {"kvzip+", "KVzipPlusPress"},     {"kvzap-linear", "KVzapPress"},
       {"kvzap-mlp", "KVzapPress"},      {"simlayerkv", "SimLayerKVPress"},
       {"non_causal_attn", "NonCausalAttnPress"}, {"leverage_score", "LeverageScorePress"},
-      {"cap", "CapPress"},              {"entropy_gated_chunkkv", "EntropyGatedChunkKVPress"}};
+      {"cap", "CapPress"},              {"entropy_gated_chunkkv", "EntropyGatedChunkKVPress"},
+      {"qfilter", "QFilterPress"},      {"expected_attention_stats", "ExpectedAttentionStatsPress"}};
   for (const auto& [n, c] : kvpress)
     if (name == n) return c;
   std::string out;
@@ -90,6 +91,7 @@ nlohmann::json press_catalogue_json() {
                        {"policies", pol},
                        {"supports_threshold", e->supports_threshold},
                        {"own_budget", e->traits.own_budget},
+                       {"needs_query_stats", e->traits.needs_query_stats},
                        {"kvpress_ratio_scope", e->traits.kvpress_ratio_scope},
                        {"kvpress_parity", e->traits.kvpress_parity.empty() ? "not compared" : e->traits.kvpress_parity},
                        {"python_class", press_python_class(e->name)},

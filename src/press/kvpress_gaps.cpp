@@ -10,18 +10,12 @@ namespace kvzap {
 
 std::span<const KvpressGap> kvpress_gaps() {
   static const KvpressGap gaps[] = {
-      {"QFilterPress", "qfilter",
-       "needs Q-filters its authors computed per model (downloaded from the hub); computing them natively "
-       "from the model's own queries on calibration text is not done yet"},
       {"DuoAttentionPress", "duo_attention",
        "needs per-head retrieval/streaming patterns downloaded from the hub (or optimised on the model); "
        "estimating them natively is not done yet"},
       {"FastKVzipPress", "fastkvzip",
        "needs gates trained by its authors (hub); training them natively, as kvzap trains KVzap's "
        "surrogates, is not done yet"},
-      {"ExpectedAttentionStatsPress", "expected_attention_stats",
-       "needs query statistics downloaded from the hub; kvzap's expected_attention computes them from the "
-       "context itself (computing and saving calibration statistics is not done yet)"},
       {"LUKVPress", "lukv",
        "needs a per-(layer, head) budget curve from the LU-KV repository, published only for "
        "Llama-3.1-8B with ExpectedAttention; no curve exists for the models kvzap runs"},

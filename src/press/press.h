@@ -172,6 +172,10 @@ struct PressTraits {
   // "dms_<context scorer>" (kvpress DMSPress around a press that scores the whole context): a threshold judged
   // once the context is prefilled, under the ratio policy's context protocol (press/scorer_dms.cpp).
   bool threshold_on_context = false;
+  // The press reads query statistics computed beforehand for the model by `kvzap query-stats`
+  // (press/query_stats.h: qfilter, expected_attention_stats); without them make_press throws an Error
+  // naming that command. The tests that run every press on models without statistics leave it out.
+  bool needs_query_stats = false;
   // How its kept sets compare with kvpress's (tests/python/check_kvpress_parity.py, docs/PARITY.md), shown by
   // `kvzap presses`; empty = not compared.
   std::string kvpress_parity;

@@ -18,6 +18,7 @@
 #include "kvzap/error.h"
 #include "model/model.h"
 #include "press/baselines.h"
+#include "press/query_stats.h"
 
 namespace kvzap {
 namespace {
@@ -26,9 +27,9 @@ class ExpectedAttentionScorer : public CacheContextScorer {
  public:
   explicit ExpectedAttentionScorer(const ModelConfig& c, const ExpectedAttentionOptions& o)
       : cfg_(c), epsilon_(o.epsilon), use_vnorm_(o.use_vnorm), use_covariance_(o.use_covariance), n_sink_(o.n_sink),
-        n_future_(o.n_future_positions), rope_(c), s1_((size_t)c.n_layer), s2_((size_t)c.n_layer), n_((size_t)c.n_layer, 0) {
+        n_future_(o.n_future_positions), stats_(o.stats), rope_(c), s1_((size_t)c.n_layer), s2_((size_t)c.n_layer), n_((size_t)c.n_layer, 0) {
     const size_t H = (size_t)c.n_head, D = (size_t)c.head_dim;
-    for (int l = 0; l < c.n_layer; l++) {
+    for (int l = 0; l < c.n_layer && !stats_; l++) {  // with given statistics nothing is accumulated
       s1_[(size_t)l].assign(H * D, 0.0);
       s2_[(size_t)l].assign(H * D * D, 0.0);
     }
@@ -42,6 +43,7 @@ class ExpectedAttentionScorer : public CacheContextScorer {
 
   // Accumulates sum q and sum q q^T of the pre-RoPE queries at positions >= n_sink_.
   void observe_step(const LayerStep& step, const KvCache& cache) override {
+    if (stats_) return;  // the statistics were computed beforehand
     const int H = cfg_.n_head, D = cfg_.head_dim;
     const size_t l = (size_t)step.layer;
     int32_t max_pos = 0;
@@ -79,7 +81,7 @@ class ExpectedAttentionScorer : public CacheContextScorer {
                   std::numeric_limits<float>::infinity());
     if (T <= n_sink_) return;
     for (int l = 0; l < L; l++)
-      if (judged_layer(cache, l) && n_[(size_t)l] != T - n_sink_) throw Error("internal: expected_attention did not see the whole context prefill");
+      if (!stats_ && judged_layer(cache, l) && n_[(size_t)l] != T - n_sink_) throw Error("internal: expected_attention did not see the whole context prefill");
 
     // Each layer's averaged rotation Rbar as a dense [D][D] matrix (2x2 blocks per frequency; layers
     // differ where their RoPE bases do, as Gemma 3's local and global layers).
@@ -131,6 +133,13 @@ class ExpectedAttentionScorer : public CacheContextScorer {
   // mu' = Rbar mu and Sigma' = Rbar Sigma Rbar^T of query head h in layer l, as floats.
   void rotated_stats(int l, int h, const std::vector<double>& R, std::vector<float>& mu_out, std::vector<float>& cov_out) const {
     const int D = cfg_.head_dim;
+    if (stats_) {
+      std::vector<double> mu((size_t)D), cov((size_t)D * D);  // [D], [D][D]: the stored statistics in double
+      std::copy_n(stats_->mean_of(l, h), D, mu.begin());
+      std::copy_n(stats_->cov_of(l, h), (size_t)D * D, cov.begin());
+      rotate_query_stats(mu.data(), cov.data(), R.data(), D, mu_out.data(), cov_out.data());
+      return;
+    }
     rotated_query_stats(&s1_[(size_t)l][(size_t)h * D], &s2_[(size_t)l][(size_t)h * D * D], (double)n_[(size_t)l],
                         R.data(), D, mu_out.data(), cov_out.data());
   }
@@ -141,6 +150,7 @@ class ExpectedAttentionScorer : public CacheContextScorer {
   bool use_covariance_;         // false: the logit is k.mu'/sqrt(D) alone
   int64_t n_sink_;               // kvpress n_sink: never scored (+inf), and their queries not counted
   int64_t n_future_;     // kvpress n_future_positions: RoPE averaged over these next positions
+  std::shared_ptr<const QueryStats> stats_;  // non-null: expected_attention_stats (s1_, s2_, n_ unused)
   RopeTable rope_;
   std::vector<std::vector<double>> s1_;  // [layer][n_head][D]: sum of pre-RoPE queries
   std::vector<std::vector<double>> s2_;  // [layer][n_head][D][D]: sum of q q^T

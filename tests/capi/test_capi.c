@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
   REQUIRE(kvzap_presses(&presses) == KVZAP_OK);
   CHECK(strstr(presses, "\"knorm\"") != NULL && strstr(presses, "KVzapPress") != NULL);
   CHECK(strstr(presses, "\"families\"") != NULL && strstr(presses, "DMSPress") != NULL);
-  CHECK(strstr(presses, "\"kvpress_gaps\"") != NULL && strstr(presses, "QFilterPress") != NULL);
+  CHECK(strstr(presses, "\"kvpress_gaps\"") != NULL && strstr(presses, "DuoAttentionPress") != NULL);
   kvzap_free(presses);
   kvzap_press* press = NULL;
   CHECK(kvzap_press_create(model, "{\"press\": \"no-such-press\", \"ratio\": 0.5}", &press) == KVZAP_ERR_ENGINE);

@@ -127,6 +127,12 @@ def presses():
         why="as compactor")
     add("leverage_score", "head", lambda r: K.LeverageScorePress(compression_ratio=r), expect="report",
         why="kvpress draws its Gaussian sketch unseeded from torch's generator, kvzap from PressSpec::seed")
+    # The presses reading statistics: kvzap computes them (`kvzap query-stats`, beside the model where its
+    # presses find them) and the same file is injected into kvpress's press instead of the hub's download.
+    add("qfilter", "head", lambda r: qfilter_press(K, r))
+    add("expected_attention_stats", "head", lambda r: expected_attention_stats_press(K, r))
+    add("expected_attention_stats", "head", lambda r: expected_attention_stats_press(K, r, epsilon=0.05, n_sink=8),
+        variant="epsilon=0.05 n_sink=8", params={"epsilon": 0.05, "n_sink": 8})
     # kvpress's own arguments, away from their defaults.
     add("snapkv", "head", lambda r: sn(compression_ratio=r, window_size=24, kernel_size=3),
         variant="window_size=24 kernel_size=3", params={"window_size": 24, "kernel_size": 3})
@@ -260,6 +266,53 @@ def presses():
     add("random", "head", lambda r: K.RandomPress(compression_ratio=r, seed=42), expect="report",
         why="different generators (torch.rand vs a hash of (seed, layer, head, position)): only the counts match")
     return P
+
+
+# ---------------------------------------------------------------------------------------------
+# Query statistics (issue 38): kvzap's own file for the model being checked, read by both sides.
+# ---------------------------------------------------------------------------------------------
+
+STATS = {}  # "path": the statistics file of the model under check (set by main before each model's presses)
+
+
+def compute_query_stats(d, texts, tmp):
+    """Runs `kvzap query-stats` on the model folder d over the check's contexts; returns the file (written
+    beside the model's weights, where kvzap's presses look by default)."""
+    files = []
+    for i, t in enumerate(texts):
+        f = os.path.join(tmp, "calib_%d.txt" % i)
+        with open(f, "w", encoding="utf-8") as fh:
+            fh.write(t)
+        files.append(f)
+    lst = os.path.join(tmp, "calib_files.txt")
+    with open(lst, "w") as fh:
+        fh.write("\n".join(files) + "\n")
+    p = subprocess.run([kvzap_bin(), "query-stats", "-m", d, "--files", lst, "--windows", str(len(files)),
+                        "--min-tokens", "64", "--max-tokens", "2048", "-t", "2"], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError("kvzap query-stats failed: %s" % p.stderr.strip()[-600:])
+    return p.stdout.strip().splitlines()[-1]
+
+
+def load_query_stats():
+    from safetensors.torch import load_file
+    return load_file(STATS["path"])
+
+
+def qfilter_press(K, r):
+    """kvpress QFilterPress with kvzap's filters instead of the hub's (its post_init_from_model downloads)."""
+    p = K.QFilterPress(compression_ratio=r)
+    p.q_filters = load_query_stats()["q_filters"]
+    p.post_init_from_model = lambda model: None
+    return p
+
+
+def expected_attention_stats_press(K, r, **kw):
+    """kvpress ExpectedAttentionStatsPress with kvzap's mean and covariance (set, so nothing is downloaded)."""
+    p = K.ExpectedAttentionStatsPress(compression_ratio=r, **kw)
+    st = load_query_stats()
+    p.mu, p.cov = st["query_mean"], st["query_cov"]
+    return p
 
 
 def protect_prefix(press, on=True):
@@ -596,6 +649,8 @@ def main():
             # kEndOfGenerationTexts: SmolLM2's <|im_end|>), which generation_config's eos may leave out.
             vocab = tok.get_vocab()
             eog = {vocab[t] for t in EOG_TEXTS if t in vocab}
+            if not ONLY or any(n in ONLY for n in ("qfilter", "expected_attention_stats")):
+                STATS["path"] = compute_query_stats(d, texts, tmp)
             for P in presses():
                 if ONLY and P["name"] not in ONLY:
                     continue

@@ -438,6 +438,7 @@ TEST(Gemma3, ContextScorersJudgeTheGlobalLayers) {
   int n_context_scorers = 0;
   for (const ScorerEntry& e : scorer_registry()) {
     if (e.supports_threshold) continue;  // per-token scorers (KVzap, KNorm, random): covered above
+    if (e.traits.needs_query_stats) continue;  // no statistics for this model (test_query_stats_presses.cpp)
     PressSpec po;
     po.name = e.name;
     if (e.make(po, *t->model)->per_step()) continue;

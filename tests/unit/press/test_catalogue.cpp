@@ -23,7 +23,7 @@ TEST(PressCatalogue, ListsEveryRegisteredPressOnceSortedWithItsFields) {
     EXPECT_LT(previous, name) << "not sorted";
     previous = name;
     ASSERT_NE(find_press_entry(name), nullptr) << name;
-    for (const char* field : {"description", "policies", "supports_threshold", "own_budget", "kvpress_ratio_scope",
+    for (const char* field : {"description", "policies", "supports_threshold", "own_budget", "needs_query_stats", "kvpress_ratio_scope",
                               "kvpress_parity", "python_class", "kvpress_class", "params", "demo_params"})
       EXPECT_TRUE(p.contains(field)) << name << " lacks " << field;
     const std::string cls = p["python_class"];
