@@ -30,6 +30,7 @@
 #include "press/baselines.h"
 #include "press/policy.h"
 #include "press/press.h"
+#include "press/small_config.h"
 #include "test_support.h"
 
 namespace {
@@ -38,34 +39,10 @@ using namespace kvzap;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 using Scores = std::vector<std::vector<std::vector<double>>>;  // [layer][kv head][slot]
 
-ModelConfig small_config(RopeMode mode = RopeMode::HalfSplit) {
-  ModelConfig c;
-  c.arch = "test";
-  c.n_layer = 2;
-  c.n_embd = 32;
-  c.n_head = 4;
-  c.n_head_kv = 2;
-  c.head_dim = 8;
-  c.n_rot = 8;
-  c.rope_base = 10000.0f;
-  c.rope_mode = mode;
-  return c;
-}
-
-// RoPE written out independently (double angles): pairs (i, i + D/2) or (2i, 2i + 1), angle p * base^(-2i/D).
-std::pair<int, int> rope_pair(const ModelConfig& c, int i) {
-  return c.rope_mode == RopeMode::Adjacent ? std::pair<int, int>{2 * i, 2 * i + 1} : std::pair<int, int>{i, i + c.head_dim / 2};
-}
-double rope_angle(const ModelConfig& c, int64_t p, int i) { return (double)p * std::pow((double)c.rope_base, -2.0 * i / c.head_dim); }
-void rotate(const ModelConfig& c, float* x, int64_t p, double sign = 1.0) {
-  for (int i = 0; i < c.head_dim / 2; i++) {
-    const auto [a, b] = rope_pair(c, i);
-    const double th = sign * rope_angle(c, p, i);
-    const double x0 = x[a], x1 = x[b];
-    x[a] = (float)(x0 * std::cos(th) - x1 * std::sin(th));
-    x[b] = (float)(x0 * std::sin(th) + x1 * std::cos(th));
-  }
-}
+using press_test::small_config;
+using press_test::rope_pair;
+using press_test::rope_angle;
+using press_test::rotate;
 
 float f16_round(float x) { return fp16_to_fp32(fp32_to_fp16(x)); }
 

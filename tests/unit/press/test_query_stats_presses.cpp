@@ -22,6 +22,7 @@
 #include "press/baseline_math.h"
 #include "press/press.h"
 #include "press/query_stats.h"
+#include "press/small_config.h"
 #include "test_support.h"
 
 namespace {
@@ -33,30 +34,8 @@ std::string tmp_path(const std::string& name) {
   return (fs::temp_directory_path() / ("kvzap_qstats_" + std::to_string(::getpid()) + "_" + name)).string();
 }
 
-ModelConfig small_config() {
-  ModelConfig c;
-  c.arch = "test";
-  c.n_layer = 2;
-  c.n_embd = 32;
-  c.n_head = 4;
-  c.n_head_kv = 2;
-  c.head_dim = 8;
-  c.n_rot = 8;
-  c.rope_base = 10000.0f;
-  c.rope_mode = RopeMode::HalfSplit;
-  return c;
-}
-
-// RoPE written out independently (HalfSplit pairs (i, i + D/2), angle p * base^(-2i/D)).
-void rotate(const ModelConfig& c, float* x, int64_t p) {
-  for (int i = 0; i < c.head_dim / 2; i++) {
-    const int a = i, b = i + c.head_dim / 2;
-    const double th = (double)p * std::pow((double)c.rope_base, -2.0 * i / c.head_dim);
-    const double x0 = x[a], x1 = x[b];
-    x[a] = (float)(x0 * std::cos(th) - x1 * std::sin(th));
-    x[b] = (float)(x0 * std::sin(th) + x1 * std::cos(th));
-  }
-}
+using press_test::small_config;
+using press_test::rotate;
 
 // Eigen-decomposition of a symmetric matrix by cyclic Jacobi rotations: the unit eigenvector of the
 // largest eigenvalue (an independent route to the power iteration of top_eigenvector).
