@@ -28,7 +28,7 @@ struct ServeArgs {
   std::string api_key, api_key_file;
   int port = 8080, parallel = 4, max_queue = 64, max_tokens = 4096, http_threads = 0;
   int64_t prefill_chunk = 64;
-  int max_prefills = 4;
+  int max_prefills = 16;
   double timeout = 600, shutdown_grace = 5;
 };
 
@@ -206,7 +206,7 @@ RegisterCommand reg("serve", "OpenAI-compatible HTTP server (continuous batching
   sub.add_option("--prefix-cache", a->prefix_cache, "bytes of compressed prefixes kept for reuse (default: a quarter of the KV budget; 0 = off)");
   sub.add_option("--prefill-chunk", a->prefill_chunk, "most prompt tokens a step takes while other requests are decoding: bounds their inter-token latency, at the cost of a new request's time to first token (default 64; 0 = up to --batch)")->check(CLI::Range(0, 1 << 24));
   sub.add_option("--max-prefills", a->max_prefills, "most requests prefilling their prompts at once: more split the prefill compute among "
-                 "half-finished requests and hold their partial caches (default 4: docs/BENCHMARKS.md, issue 33 sweep)")->check(CLI::Range(1, 1024));
+                 "half-finished requests and hold their partial caches (default 16: docs/BENCHMARKS.md, issue 33 sweep)")->check(CLI::Range(1, 1024));
   sub.add_option("--max-queue", a->max_queue, "most requests waiting for admission; beyond: 503 (default 64)")->check(CLI::Range(0, 1 << 20));
   sub.add_option("--max-tokens-limit", a->max_tokens, "largest max_tokens a request may ask for (default 4096)")->check(CLI::Range(1, 1 << 24));
   sub.add_option("--timeout", a->timeout, "per-request time limit in seconds; generation stops with finish_reason length (default 600, 0 = none)")->check(CLI::Range(0.0, 1e7));

@@ -43,8 +43,11 @@ struct SchedulerOptions {
   // that step: the inter-token latency of running requests is bounded by this cap instead.
   int64_t prefill_chunk_while_decoding = 64;
   // Most running requests still feeding their prompts: prefill compute goes to a few requests at a time
-  // instead of being split among many half-finished ones, each holding its partial cache.
-  int max_prefills = 4;
+  // instead of being split among many half-finished ones, each holding its partial cache. 16: the issue-33
+  // sweep (docs/BENCHMARKS.md) found no cost in rate or TTFT up to 16 on 2 cores, and a pruning press needs
+  // that many in flight to fill the pool; a request without one reserves its whole prompt at admission, so
+  // the bound does not change how many of those run.
+  int max_prefills = 16;
   int64_t prefix_cache_bytes = 0;   // 0 = no prefix reuse
   bool log_requests = true;         // one line per request on stderr
 };
