@@ -210,6 +210,14 @@ int32_t KvCache::position_at(int layer, int head, int64_t i) const {
   return page_positions(layer, head, (int)(i / kPageTokens))[i % kPageTokens];
 }
 
+void KvCache::set_key_row(int layer, int head, int64_t i, const float* k) {
+  Stream& s = stream(layer, head);
+  if (i < 0 || i >= s.length) throw Error("internal: set_key_row past the end of the stream");
+  const size_t p = (size_t)(i / kPageTokens);
+  make_exclusive(s, p, true);  // forced, as evict: the caller frees more than a copy takes
+  store_row(k, keys_of(s.pages[p]) + (size_t)(i % kPageTokens) * row_bytes_);
+}
+
 int64_t KvCache::evict(int layer, int head, const std::vector<uint8_t>& drop) {
   Stream& s = stream(layer, head);
   if ((int64_t)drop.size() < s.length) throw Error("internal: eviction mask shorter than the stream");

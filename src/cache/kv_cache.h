@@ -119,6 +119,9 @@ class KvCache {
   void key_row(int layer, int head, int64_t i, float* out) const;
   void value_row(int layer, int head, int64_t i, float* out) const;
   int32_t position_at(int layer, int head, int64_t i) const;
+  // Overwrites the key of entry i (k [head_dim] f32, stored in kv_type()): a page shared with a fork or the
+  // prefix cache is copied first, so only this cache sees the change (key_rerotation_<press>).
+  void set_key_row(int layer, int head, int64_t i, const float* k);
 
   // Removes the entries whose slot index (0..length-1) has drop[slot] != 0; keeps order.
   // Returns the number removed. Emptied pages go back to the pool.

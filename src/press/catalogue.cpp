@@ -34,6 +34,10 @@ std::vector<PressFamily> press_families() {
       {"compression_ratio_decoding_<press>", "CompressionRatioDecodingPress", "compression_ratio_decoding_knorm",
        "as decoding_<press>, each head cut to max(1, int(P (1 - target_compression_ratio))) of the P tokens seen",
        press_traits("compression_ratio_decoding_knorm").kvpress_parity},
+      {"key_rerotation_<press>", "KeyRerotationPress", "key_rerotation_snapkv",
+       "any press taking a ratio, then each head's kept keys re-rotated to contiguous positions 0..n_kept-1 "
+       "(queries keep theirs)",
+       press_traits("key_rerotation_snapkv").kvpress_parity},
   };
 }
 

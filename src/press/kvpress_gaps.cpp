@@ -27,9 +27,6 @@ std::span<const KvpressGap> kvpress_gaps() {
       {"ThinKPress", "think",
        "prunes key channels, not tokens: freeing that memory needs keys with fewer channels per head in "
        "the paged cache and attention kernels; not done yet (kvpress only zeroes the channels)"},
-      {"KeyRerotationPress", "key_rerotation",
-       "re-rotates kept keys to contiguous positions; kvzap keeps each entry at its original position "
-       "(paged cache, per-head eviction), and re-rotation per head is not done yet"},
       {"CAMPress", "cam",
        "merges evicted values into their neighbours while decoding; value merging is not done yet"},
       {"MergingPress", "merging",

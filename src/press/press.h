@@ -216,6 +216,12 @@ bool is_ratio_decoding_name(const std::string& name);
 std::unique_ptr<Press> make_decoding_press(const PressSpec& spec, const ScorerEntry& entry, const Model& model);
 std::unique_ptr<Press> make_decoding_press(std::unique_ptr<Scorer> scorer, const PressSpec& spec,
                                            int64_t compression_interval, int64_t target_size, double target_ratio = -1);
+// "key_rerotation_<press>" (kvpress KeyRerotationPress, press/scorer_key_rerotation.cpp): the press under its
+// ratio, then each head's kept keys re-rotated to contiguous positions. key_rerotation_inner gives "<press>"
+// ("" for any other name); make_press calls make_key_rerotation_press.
+inline constexpr const char* kKeyRerotationPrefix = "key_rerotation_";
+std::string key_rerotation_inner(const std::string& name);
+std::unique_ptr<Press> make_key_rerotation_press(const PressSpec& spec, const std::string& inner_name, const Model& model);
 // find_press_entry(name)'s traits, or the defaults for an unknown name (make_press refuses it).
 const PressTraits& press_traits(const std::string& name);
 // Whether the spec's press judges whole contexts once prefilled (a ratio, or its own budget): evicting

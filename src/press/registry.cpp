@@ -63,6 +63,10 @@ constexpr const char* kDecodingParity =
 constexpr const char* kRatioDecodingParity =
     "match up to knorm's ties: every compression identical until a tie broken the other way (kvpress "
     "CompressionRatioDecodingPress(KnormPress()), compression_ratio_decoding_knorm; tests/python/check_decoding_press.py)";
+// What tests/python/check_kvpress_parity.py measured for key_rerotation_<press> (docs/PARITY.md).
+constexpr const char* kKeyRerotationParity =
+    "exact for key_rerotation_snapkv (kept sets and answers, kvpress KeyRerotationPress(SnapKVPress)); "
+    "key_rerotation_knorm matches up to knorm's ties (docs/PARITY.md)";
 
 }  // namespace
 
@@ -96,6 +100,12 @@ bool is_ratio_decoding_name(const std::string& name) {
   return name.rfind(kRatioDecodingPrefix, 0) == 0 && !find_registered(name);
 }
 
+std::string key_rerotation_inner(const std::string& name) {
+  const std::string prefix = kKeyRerotationPrefix;
+  if (name.rfind(prefix, 0) != 0 || find_registered(name)) return "";
+  return name.substr(prefix.size());
+}
+
 std::string decoding_inner(const std::string& name) {
   if (find_registered(name)) return "";
   for (const std::string prefix : {kDecodingPrefix, kRatioDecodingPrefix})
@@ -107,6 +117,8 @@ const ScorerEntry* find_press_entry(const std::string& name) {
   if (const ScorerEntry* e = find_registered(name)) return e;
   // Only a registered press inside (decoding_adakv_knorm, decoding_dms_knorm are not presses of their own).
   if (const std::string inner = decoding_inner(name); !inner.empty()) return find_registered(inner);
+  // Any press taking a ratio inside (key_rerotation_adakv_snapkv too): the entry that press runs.
+  if (const std::string inner = key_rerotation_inner(name); !inner.empty()) return find_press_entry(inner);
   if (is_dms_name(name)) return find_registered(name.substr(std::string(kDmsPrefix).size()));
   const std::string ada_prefix = "adakv_";
   if (name.rfind(ada_prefix, 0) == 0) return find_registered(name.substr(ada_prefix.size()));
@@ -145,6 +157,21 @@ const PressTraits& press_traits(const std::string& name) {
         if (t.min_context_param.empty()) t.min_context_param = s.min_context_param;
       }
       t.kvpress_parity = "match up to knorm's ties (kvpress ComposedPress: composed_snapkv+knorm, composed_knorm+knorm; docs/PARITY.md)";
+    }
+    return it->second;
+  }
+  if (const std::string inner = key_rerotation_inner(name); !inner.empty()) {
+    // The inner press's traits, run by ratio only (kvpress wraps a ScorerPress's compression_ratio).
+    static std::map<std::string, PressTraits> rerotated;  // node-based: references stay valid
+    const PressTraits& of = press_traits(inner);
+    std::lock_guard<std::mutex> lock(mu);
+    auto [it, fresh] = rerotated.try_emplace(inner, of);
+    if (fresh) {
+      PressTraits& t = it->second;
+      t.threshold_by_default = false;
+      t.default_threshold = nullptr;
+      t.threshold_on_context = false;
+      t.kvpress_parity = kKeyRerotationParity;
     }
     return it->second;
   }
@@ -313,9 +340,11 @@ std::unique_ptr<Press> make_press(const PressSpec& options, const Model& model) 
     if (const KvpressGap* gap = find_kvpress_gap(opt.name))
       throw Error("press '" + opt.name + "': kvpress's " + gap->kvpress_class + " is not in kvzap: " + gap->reason);
     throw Error("unknown press '" + opt.name + "' (known presses: " + known_presses() +
-                "; adakv_<press> for AdaKV, dms_<press> for DMS, per_layer_<press>, composed_<a>+<b>, decoding_<press>, compression_ratio_decoding_<press>)");
+                "; adakv_<press> for AdaKV, dms_<press> for DMS, per_layer_<press>, composed_<a>+<b>, decoding_<press>, compression_ratio_decoding_<press>, key_rerotation_<press>)");
   }
   const ScorerEntry& entry = *found;
+  if (const std::string inner = key_rerotation_inner(opt.name); !inner.empty())
+    return make_key_rerotation_press(opt, inner, model);
   if (!decoding_inner(opt.name).empty()) return make_decoding_press(opt, entry, model);
   const std::string per_layer_of = per_layer_inner(opt.name);
   if (!per_layer_of.empty()) return make_per_layer_press(opt, entry, model);

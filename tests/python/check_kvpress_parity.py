@@ -119,6 +119,10 @@ def presses():
     add("chunk_knorm", "head", lambda r: K.ChunkPress(press=K.KnormPress(compression_ratio=r), chunk_length=1024))
     add("chunk_expected_attention", "head",
         lambda r: K.ChunkPress(press=(lambda p: (setattr(p, "compression_ratio", r), p)[1])(ea()), chunk_length=1024))
+    # KeyRerotationPress: the kept keys re-rotated to contiguous positions, so kvpress's kept set is read from
+    # the indices it re-rotates (record_rerotation) instead of matching key rows; the answers check the keys.
+    add("key_rerotation_knorm", "head", lambda r: K.KeyRerotationPress(K.KnormPress(compression_ratio=r)))
+    add("key_rerotation_snapkv", "head", lambda r: K.KeyRerotationPress(sn(compression_ratio=r)))
     add("cap", "head", lambda r: K.CapPress(compression_ratio=r))
     add("adakv_cap", "adakv", lambda r: K.AdaKVPress(K.CapPress(compression_ratio=r)))
     add("compactor", "head", lambda r: K.CompactorPress(compression_ratio=r), expect="report",
@@ -480,6 +484,22 @@ def record_composed_scores(press, ref_keys):
     return recorded
 
 
+def record_rerotation(press):
+    """KeyRerotationPress: its kept keys are rotated, so no longer rows of the uncompressed prefill. The sorted
+    indices it re-rotates, {layer: [H][n_kept]}, are its kept set (empty for other presses)."""
+    from kvpress import KeyRerotationPress
+    recorded = {}
+    if not isinstance(press, KeyRerotationPress):
+        return recorded
+    original = press.rerotate_keys
+
+    def rerotate_keys(module, indices, keys):
+        recorded[int(module.layer_idx)] = [sorted(int(t) for t in row) for row in indices[0].tolist()]
+        return original(module, indices, keys)
+    press.rerotate_keys = rerotate_keys  # the instance's: the class keeps its static method
+    return recorded
+
+
 def kvpress_run(model, press, ids, q_ids, ref_keys, n_answer, eog=()):
     """Kept positions [layer][head] (sorted lists), the greedy answer under `press`, and the scores its
     ScorerPress gave ({layer: [H, T]}, empty for other presses)."""
@@ -488,12 +508,16 @@ def kvpress_run(model, press, ids, q_ids, ref_keys, n_answer, eog=()):
     cache = DynamicCache()
     T = len(ids)
     scores = record_scores(press, ref_keys)
+    rerotated = record_rerotation(press)
     with torch.no_grad():
         with press(model):
             model.model(input_ids=torch.tensor([ids]), past_key_values=cache)
         kept = []
         layers = model.model.layers
         for l, layer in enumerate(layers):
+            if rerotated:
+                kept.append(rerotated[l])
+                continue
             keys = cache.layers[l].keys[0]
             ref = ref_keys[l]
             H = keys.shape[0]

@@ -95,6 +95,15 @@ std::vector<PressSpec> every_press() {
     s.decoding = true;
     out.push_back(s);
   }
+  // key_rerotation_<press> (kvpress KeyRerotationPress): its keys re-rotated, which a fork, a saved file
+  // and a recompute must all carry.
+  if (test::press_selected("key_rerotation_snapkv")) {
+    PressSpec s;
+    s.name = "key_rerotation_snapkv";
+    test::give_budget(s, 0.5);
+    s.ratio_scope = "head";
+    out.push_back(s);
+  }
   if (test::press_selected("dms_snapkv")) {
     PressSpec s;
     s.name = "dms_snapkv";
