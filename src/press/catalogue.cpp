@@ -34,6 +34,10 @@ std::vector<PressFamily> press_families() {
       {"compression_ratio_decoding_<press>", "CompressionRatioDecodingPress", "compression_ratio_decoding_knorm",
        "as decoding_<press>, each head cut to max(1, int(P (1 - target_compression_ratio))) of the P tokens seen",
        press_traits("compression_ratio_decoding_knorm").kvpress_parity},
+      {"prefill_decoding_<a>+<b>", "PrefillDecodingPress", "prefill_decoding_snapkv+decoding_knorm",
+       "press <a> on the context (the spec's ratio or threshold), then the decoding press <b> (decoding_<press> or "
+       "compression_ratio_decoding_<press>) on the question and generated tokens, over what <a> kept",
+       press_traits("prefill_decoding_snapkv+decoding_knorm").kvpress_parity},
   };
 }
 
