@@ -8,7 +8,6 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "cache/kv_cache.h"
@@ -121,9 +120,8 @@ class Press : public LayerObserver {
   // Keep every score this press gives from now on (score_log); off by default. Copies (clone) keep
   // the setting and the scores so far.
   void keep_scores(bool on) { keep_scores_ = on; }
-  // The scores given so far, or null when they are not kept. Virtual for a press made of others that shows
-  // one of theirs (prefill_decoding_<a>+<b>: the decoding press's).
-  virtual const ScoreLog* score_log() const { return keep_scores_ ? &score_log_ : nullptr; }
+  // The scores given so far, or null when they are not kept.
+  const ScoreLog* score_log() const { return keep_scores_ ? &score_log_ : nullptr; }
 
  protected:
   // Where the policy writes the scores it judges with: null unless kept (shaped to the cache).
@@ -218,16 +216,6 @@ bool is_ratio_decoding_name(const std::string& name);
 std::unique_ptr<Press> make_decoding_press(const PressSpec& spec, const ScorerEntry& entry, const Model& model);
 std::unique_ptr<Press> make_decoding_press(std::unique_ptr<Scorer> scorer, const PressSpec& spec,
                                            int64_t compression_interval, int64_t target_size, double target_ratio = -1);
-// "prefill_decoding_<a>+<b>" (kvpress PrefillDecodingPress(prefilling_press, decoding_press)): <a> any press for
-// the context (the spec's ratio or threshold), <b> a decoding_<press> or compression_ratio_decoding_<press>;
-// press/scorer_prefill_decoding.cpp. parts: {<a>, <b>} split at the last '+' that starts a decoding name (so
-// <a> may hold a '+'); {"", ""} for another name, and an empty side where the name has none.
-inline constexpr const char* kPrefillDecodingPrefix = "prefill_decoding_";
-std::pair<std::string, std::string> prefill_decoding_parts(const std::string& name);
-// True for a prefill_decoding_... name that is not a registered press (whether or not its parts are valid).
-bool is_prefill_decoding_name(const std::string& name);
-// Builds it from its spec (make_press calls it): throws kvzap::Error naming what is wrong with either side.
-std::unique_ptr<Press> make_prefill_decoding_press(const PressSpec& spec, const Model& model);
 // find_press_entry(name)'s traits, or the defaults for an unknown name (make_press refuses it).
 const PressTraits& press_traits(const std::string& name);
 // Whether the spec's press judges whole contexts once prefilled (a ratio, or its own budget): evicting

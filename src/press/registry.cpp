@@ -10,6 +10,7 @@
 #include "press/baselines.h"
 #include "press/kvzip.h"
 #include "press/policy.h"
+#include "press/prefill_decoding.h"
 #include "model/model.h"
 
 namespace kvzap {

@@ -1,5 +1,5 @@
 // "prefill_decoding_<a>+<b>" (kvpress PrefillDecodingPress(prefilling_press, decoding_press); docs/ALGORITHMS.md
-// §8.34): press <a> (any press make_press builds for a context, with the spec's ratio or threshold) judges the
+// §8.35): press <a> (any press make_press builds for a context, with the spec's ratio or threshold) judges the
 // context; press <b>, a decoding_<press> or compression_ratio_decoding_<press>, judges the question and the
 // generated tokens. kvpress's hook sends a prefilling step to the first and every later step to the second.
 //
@@ -12,6 +12,7 @@
 #include "kvzap/error.h"
 #include "model/model.h"
 #include "press/policy.h"
+#include "press/prefill_decoding.h"
 
 namespace kvzap {
 namespace {
@@ -35,6 +36,7 @@ class PrefillDecodingPress : public Press {
     prefill_->end_context(ctx);
     decoding_->end_context(ctx);
     in_context_ = false;
+    show_scores();
   }
   bool prunes_decoding() const override { return true; }
   int64_t context_eviction_interval() const override { return in_context_ ? prefill_->context_eviction_interval() : 0; }
@@ -48,6 +50,7 @@ class PrefillDecodingPress : public Press {
     // The decoding press records the step's scores before the prefill press may evict any of its entries.
     decoding_->after_attention(r == Reader::Decoding ? step : plain, cache);
     if (in_context_) prefill_->after_attention(r == Reader::Prefill ? step : plain, cache);
+    if (step.layer == cache.n_layer() - 1) show_scores();
   }
 
   // Offered only when exactly one side asks: two read-outs side by side would need a scratch row per thread
@@ -70,10 +73,14 @@ class PrefillDecodingPress : public Press {
     copy->copy_score_log(*this);
     return copy;
   }
-  // The decoding press's scores: every entry's, the context's included (those later compressions judge by).
-  const ScoreLog* score_log() const override { return keep_scores_ ? decoding_->score_log() : nullptr; }
 
  private:
+  // The score log shown (Press::score_log) is the decoding press's: every entry's score, the context's included
+  // (those its compressions judge by). Copied once a step has gone through every layer, only when kept.
+  void show_scores() {
+    if (keep_scores_) copy_score_log(*decoding_);
+  }
+
   enum class Reader { None, Prefill, Decoding };
   Reader reader(int layer) const {
     const bool a = in_context_ && prefill_->h_readout_dim(layer) > 0, b = decoding_->h_readout_dim(layer) > 0;

@@ -14,6 +14,7 @@
 #include "engine/session.h"
 #include "kvzap/error.h"
 #include "model/model.h"
+#include "press/prefill_decoding.h"
 #include "press/press.h"
 #include "press/press_spec.h"
 #include "test_support.h"
