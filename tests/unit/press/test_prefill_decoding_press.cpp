@@ -75,7 +75,7 @@ test::KeptSet best_by_log(const test::KeptSet& before, const ScoreLog& log, int6
 
 TEST_F(PrefillDecodingPressModel, ThePrefillPressJudgesTheContextThenTheDecodingPressWhatItKept) {
   constexpr int64_t kT = 200, kInterval = 8, kTarget = 60;
-  const json spec = {{"press", "prefill_decoding_snapkv+decoding_knorm"}, {"ratio", 0.5}, {"window_size", 16},
+  const json spec = {{"press", "prefill_decoding_snapkv+decoding_knorm"}, {"ratio", 0.5}, {"ratio_scope", "head"}, {"window_size", 16},
                      {"compression_interval", kInterval}, {"target_size", kTarget}};
   Session s(*model_, options());
   auto press = make_press(press_spec_from_json(spec), *model_);
@@ -85,8 +85,8 @@ TEST_F(PrefillDecodingPressModel, ThePrefillPressJudgesTheContextThenTheDecoding
   s.prefill_context(context_ids(kT), press.get());
   // The context: SnapKV's kept set alone (its window_size reached it), kvpress's int(T (1 - r)) per head.
   const test::KeptSet after = test::kept_positions(s.cache());
-  EXPECT_EQ(after, after_context({{"press", "snapkv"}, {"ratio", 0.5}, {"window_size", 16}}, kT));
-  EXPECT_NE(after, after_context({{"press", "snapkv"}, {"ratio", 0.5}}, kT));
+  EXPECT_EQ(after, after_context({{"press", "snapkv"}, {"ratio", 0.5}, {"ratio_scope", "head"}, {"window_size", 16}}, kT));
+  EXPECT_NE(after, after_context({{"press", "snapkv"}, {"ratio", 0.5}, {"ratio_scope", "head"}}, kT));
   for (const auto& st : after) ASSERT_EQ((int64_t)st.size(), kT / 2);
   // Decoding: the counter starts with the question's step; the kept entries plus the new ones are cut to the
   // target by knorm's scores, recorded for every entry while the context went in.
@@ -160,7 +160,7 @@ TEST_F(PrefillDecodingPressModel, NamesSpecsAndRefusals) {
             (std::pair<std::string, std::string>{"kvzip+", "compression_ratio_decoding_knorm"}));
   EXPECT_EQ(prefill_decoding_parts("snapkv"), (std::pair<std::string, std::string>{}));
   EXPECT_EQ(find_press_entry("prefill_decoding_snapkv+decoding_knorm"), find_press_entry("snapkv"));
-  EXPECT_EQ(find_press_entry("prefill_decoding_adakv_snapkv+decoding_knorm"), find_press_entry("snapkv"));
+  EXPECT_EQ(find_press_entry("prefill_decoding_adakv_snapkv+decoding_knorm"), find_press_entry("adakv_snapkv"));
   EXPECT_EQ(find_press_entry("prefill_decoding_snapkv+decoding_snapkv"), find_press_entry("snapkv"));  // refused when built
   EXPECT_EQ(find_press_entry("prefill_decoding_nope+decoding_knorm"), nullptr);
   EXPECT_EQ(find_press_entry("prefill_decoding_snapkv+decoding_nope"), nullptr);
