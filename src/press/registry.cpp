@@ -65,7 +65,9 @@ constexpr const char* kRatioDecodingParity =
     "match up to knorm's ties: every compression identical until a tie broken the other way (kvpress "
     "CompressionRatioDecodingPress(KnormPress()), compression_ratio_decoding_knorm; tests/python/check_decoding_press.py)";
 constexpr const char* kPrefillDecodingParity =
-    "not compared yet (kvpress PrefillDecodingPress; tests/python/check_decoding_press.py, docs/PARITY.md)";
+    "match up to knorm's ties: the context's kept sets identical with snapkv (up to ties with knorm), then every "
+    "compression until a tie broken the other way (kvpress PrefillDecodingPress(SnapKVPress(0.5) or KnormPress(0.5), "
+    "DecodingPress(KnormPress())); tests/python/check_decoding_press.py, docs/PARITY.md)";
 
 }  // namespace
 
