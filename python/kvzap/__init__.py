@@ -243,6 +243,67 @@ class CompressionRatioDecodingPress(BasePress):
 __all__ += ["PerLayerCompressionPress", "ComposedPress", "DecodingPress", "CompressionRatioDecodingPress"]
 
 
+# The fields of a press spec that are not a press's own parameters (press_spec.h).
+_SPEC_FIELDS = ("press", "threshold", "ratio", "ratio_scope", "window", "sink_tokens", "prefill_evict_every", "decoding",
+                "sliding_layers", "surrogate", "seed", "ratios")
+
+
+class PrefillDecodingPress(BasePress):
+    """PrefillDecodingPress(prefilling_press=None, decoding_press=None): prefilling_press judges the context,
+    decoding_press (a DecodingPress or CompressionRatioDecodingPress) the question and generated tokens, over
+    what prefilling_press kept (kvpress's; registry: prefill_decoding_<a>+<b>). With one of them None it is the
+    other press, as in kvpress. The prefilling press's ratio or threshold is the spec's; the parameters of both
+    share one flat spec, so a name both declare must have one value."""
+
+    def __init__(self, prefilling_press: Optional[BasePress] = None, decoding_press: Optional[BasePress] = None):
+        for arg, p in (("prefilling_press", prefilling_press), ("decoding_press", decoding_press)):
+            if p is not None and not isinstance(p, BasePress):
+                raise Error(f"PrefillDecodingPress: {arg} must be a kvzap press or None, got {type(p).__name__}")
+        if prefilling_press is None and decoding_press is None:
+            raise Error("PrefillDecodingPress: give a prefilling_press, a decoding_press or both (with neither it "
+                        "would compress nothing)")
+        if decoding_press is not None and not isinstance(decoding_press, (DecodingPress, CompressionRatioDecodingPress)):
+            raise Error(f"PrefillDecodingPress: decoding_press must be a DecodingPress or CompressionRatioDecodingPress, "
+                        f"got {type(decoding_press).__name__}")
+        self._kwargs = {"prefilling_press": prefilling_press, "decoding_press": decoding_press}
+        only = decoding_press if prefilling_press is None else prefilling_press if decoding_press is None else None
+        if only is not None:
+            self.press_name, self.spec = only.press_name, dict(only.spec)
+            return
+        a, b = prefilling_press.spec, decoding_press.spec
+        # The decoding press's own parameters (and surrogate); the spec's other fields are the prefilling press's.
+        own = {k: v for k, v in b.items() if k not in _SPEC_FIELDS or k == "surrogate"}
+        for k, v in own.items():
+            if k in a and a[k] != v:
+                raise Error(f"PrefillDecodingPress: the prefilling press sets {k}={a[k]!r} and the decoding press "
+                            f"{k}={v!r}; kvzap's press specs hold one value per name, so give both the same {k}")
+        self.press_name = f"prefill_decoding_{a['press']}+{b['press']}"
+        spec = {**own, **a, "press": self.press_name}
+        self.spec = json.loads(_kvzap.press_spec_normalize(json.dumps(spec)))
+
+
+__all__ += ["PrefillDecodingPress"]
+
+
+class KeyRerotationPress(BasePress):
+    """KeyRerotationPress(press): the press compresses the context under its compression_ratio, then each head's
+    kept keys are re-rotated to contiguous positions 0..n_kept-1 (kvpress's; registry: key_rerotation_<press>).
+    The inner press's ratio and arguments are the spec's."""
+
+    def __init__(self, press: BasePress):
+        if not isinstance(press, BasePress):
+            raise Error(f"KeyRerotationPress: press must be a kvzap press, got {type(press).__name__}")
+        if press.spec.get("ratio") is None:
+            raise Error(f"KeyRerotationPress({type(press).__name__}): the press needs a compression_ratio "
+                        "(kvpress's KeyRerotationPress wraps a ScorerPress's ratio)")
+        self.press_name = "key_rerotation_" + press.spec["press"]
+        self._kwargs = {"press": press}
+        self.spec = json.loads(_kvzap.press_spec_normalize(json.dumps({**press.spec, "press": self.press_name})))
+
+
+__all__ += ["KeyRerotationPress"]
+
+
 class DMSPress(BasePress):
     """DMSPress(press, threshold, sliding_window_size=128, decoding=False): entries the press scores below
     the threshold are evicted, the most recent sliding_window_size tokens kept, as kvpress's DMSPress (the

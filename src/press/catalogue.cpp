@@ -38,6 +38,10 @@ std::vector<PressFamily> press_families() {
        "any press taking a ratio, then each head's kept keys re-rotated to contiguous positions 0..n_kept-1 "
        "(queries keep theirs)",
        press_traits("key_rerotation_snapkv").kvpress_parity},
+      {"prefill_decoding_<a>+<b>", "PrefillDecodingPress", "prefill_decoding_snapkv+decoding_knorm",
+       "press <a> on the context (the spec's ratio or threshold), then the decoding press <b> (decoding_<press> or "
+       "compression_ratio_decoding_<press>) on the question and generated tokens, over what <a> kept",
+       press_traits("prefill_decoding_snapkv+decoding_knorm").kvpress_parity},
   };
 }
 

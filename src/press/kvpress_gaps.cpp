@@ -36,9 +36,6 @@ std::span<const KvpressGap> kvpress_gaps() {
       {"FinchPress", "finch",
        "question-aware chunked SnapKV that needs a delimiter token between context and question and "
        "re-rotates keys; not done yet"},
-      {"PrefillDecodingPress", "prefill_decoding",
-       "one press for the prefill and another while decoding; not done yet (decoding_<press> is the "
-       "decoding half)"},
   };
   return gaps;
 }

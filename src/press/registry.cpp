@@ -10,6 +10,7 @@
 #include "press/baselines.h"
 #include "press/kvzip.h"
 #include "press/policy.h"
+#include "press/prefill_decoding.h"
 #include "model/model.h"
 
 namespace kvzap {
@@ -67,6 +68,10 @@ constexpr const char* kRatioDecodingParity =
 constexpr const char* kKeyRerotationParity =
     "exact for key_rerotation_snapkv (kept sets and answers, kvpress KeyRerotationPress(SnapKVPress)); "
     "key_rerotation_knorm matches up to knorm's ties (docs/PARITY.md)";
+constexpr const char* kPrefillDecodingParity =
+    "match up to knorm's ties: the context's kept sets identical with snapkv (up to ties with knorm), then every "
+    "compression until a tie broken the other way (kvpress PrefillDecodingPress(SnapKVPress(0.5) or KnormPress(0.5), "
+    "DecodingPress(KnormPress())); tests/python/check_decoding_press.py, docs/PARITY.md)";
 
 }  // namespace
 
@@ -113,8 +118,28 @@ std::string decoding_inner(const std::string& name) {
   return "";
 }
 
+bool is_prefill_decoding_name(const std::string& name) {
+  return name.rfind(kPrefillDecodingPrefix, 0) == 0 && !find_registered(name);
+}
+
+std::pair<std::string, std::string> prefill_decoding_parts(const std::string& name) {
+  if (!is_prefill_decoding_name(name)) return {};
+  const std::string rest = name.substr(std::string(kPrefillDecodingPrefix).size());
+  for (size_t plus = rest.rfind('+'); plus != std::string::npos; plus = plus ? rest.rfind('+', plus - 1) : std::string::npos) {
+    const std::string b = rest.substr(plus + 1);
+    if (b.rfind(kDecodingPrefix, 0) == 0 || b.rfind(kRatioDecodingPrefix, 0) == 0) return {rest.substr(0, plus), b};
+  }
+  return {};
+}
+
 const ScorerEntry* find_press_entry(const std::string& name) {
   if (const ScorerEntry* e = find_registered(name)) return e;
+  // Known when both sides are (the prefill press's entry stands for it; press_traits adds the decoding side's).
+  if (is_prefill_decoding_name(name)) {
+    const auto [a, b] = prefill_decoding_parts(name);
+    if (a.empty() || !decoding_inner(a).empty() || is_prefill_decoding_name(a) || !find_press_entry(b)) return nullptr;
+    return find_press_entry(a);
+  }
   // Only a registered press inside (decoding_adakv_knorm, decoding_dms_knorm are not presses of their own).
   if (const std::string inner = decoding_inner(name); !inner.empty()) return find_registered(inner);
   // Any press taking a ratio inside (key_rerotation_adakv_snapkv too): the entry that press runs.
@@ -140,6 +165,32 @@ const PressTraits& press_traits(const std::string& name) {
   if (!e) return defaults;
   if (e->name == name) return e->traits;
   static std::mutex mu;
+  if (is_prefill_decoding_name(name)) {
+    // The prefill press's traits (its ratio or threshold, its context needs) and the decoding press's
+    // parameters besides. Both sides' traits are looked up before locking (they may take the lock).
+    const auto [a, b] = prefill_decoding_parts(name);
+    const PressTraits& ta = press_traits(a);
+    const PressTraits& tb = press_traits(b);
+    static std::map<std::string, PressTraits> prefill_decoding;  // node-based: references stay valid
+    std::lock_guard<std::mutex> lock(mu);
+    auto [it, fresh] = prefill_decoding.try_emplace(name, ta);
+    if (fresh) {
+      PressTraits& t = it->second;
+      for (const PressParam& p : tb.params)
+        if (std::none_of(t.params.begin(), t.params.end(), [&](const PressParam& q) { return q.name == p.name; }))
+          t.params.push_back(p);
+      for (const auto& [k, v] : tb.demo_params) t.demo_params.emplace(k, v);
+      // The calibrated default threshold (KVzap) is the prefill press's, asked under its own name.
+      if (ta.default_threshold)
+        t.default_threshold = [f = ta.default_threshold, a](const PressSpec& s, const Model& m) {
+          PressSpec sa = s;
+          sa.name = a;
+          return f(sa, m);
+        };
+      t.kvpress_parity = kPrefillDecodingParity;
+    }
+    return it->second;
+  }
   if (const std::vector<std::string> stages = composed_stages(name); !stages.empty()) {
     // Every stage's parameters (a name two stages declare goes to both, the first's default shown), the
     // longest context any stage needs.
@@ -332,6 +383,7 @@ std::unique_ptr<Press> make_per_layer_press(const PressSpec& spec, const ScorerE
 
 std::unique_ptr<Press> make_press(const PressSpec& options, const Model& model) {
   PressSpec opt = options;
+  if (is_prefill_decoding_name(opt.name)) return make_prefill_decoding_press(opt, model);
   if (const std::vector<std::string> stages = composed_stages(opt.name); !stages.empty())
     return make_composed_press(opt, stages, model);
   // "adakv_<press>": any registered press under the AdaKV budget (press/scorer_adakv.cpp).
@@ -340,7 +392,8 @@ std::unique_ptr<Press> make_press(const PressSpec& options, const Model& model) 
     if (const KvpressGap* gap = find_kvpress_gap(opt.name))
       throw Error("press '" + opt.name + "': kvpress's " + gap->kvpress_class + " is not in kvzap: " + gap->reason);
     throw Error("unknown press '" + opt.name + "' (known presses: " + known_presses() +
-                "; adakv_<press> for AdaKV, dms_<press> for DMS, per_layer_<press>, composed_<a>+<b>, decoding_<press>, compression_ratio_decoding_<press>, key_rerotation_<press>)");
+                "; adakv_<press> for AdaKV, dms_<press> for DMS, per_layer_<press>, composed_<a>+<b>, decoding_<press>, compression_ratio_decoding_<press>, "
+                "key_rerotation_<press>, prefill_decoding_<press>+decoding_<press>)");
   }
   const ScorerEntry& entry = *found;
   if (const std::string inner = key_rerotation_inner(opt.name); !inner.empty())

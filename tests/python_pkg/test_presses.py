@@ -13,7 +13,8 @@ KVPRESS_NAMES = ["KnormPress", "RandomPress", "StreamingLLMPress", "SnapKVPress"
                  "ChunkKVPress", "CURPress", "CompactorPress", "KVzipPress", "KVzapPress", "AdaKVPress", "DMSPress",
                  "SimLayerKVPress", "NonCausalAttnPress", "LeverageScorePress", "CapPress", "EntropyGatedChunkKVPress",
                  "ChunkPress", "BlockPress", "CriticalKVPress", "CriticalAdaKVPress",
-                 "PerLayerCompressionPress", "ComposedPress", "DecodingPress", "CompressionRatioDecodingPress"]
+                 "PerLayerCompressionPress", "ComposedPress", "DecodingPress", "CompressionRatioDecodingPress",
+                 "PrefillDecodingPress"]
 
 
 def test_kvpress_class_names_exist():
@@ -153,6 +154,44 @@ def test_decoding_press(tiny):
         assert isinstance(out["answer"], str)
 
 
+def test_prefill_decoding_press(tiny):
+    # kvpress PrefillDecodingPress(prefilling_press, decoding_press): the context by the first, decoding by the second.
+    d = kvzap.DecodingPress(kvzap.KnormPress(), compression_interval=2, target_size=16)
+    p = kvzap.PrefillDecodingPress(kvzap.SnapKVPress(compression_ratio=0.5, window_size=8), d)
+    assert p.spec["press"] == "prefill_decoding_snapkv+decoding_knorm", p.spec
+    assert p.spec["ratio"] == 0.5 and p.spec["window_size"] == 8 and p.spec["target_size"] == 16, p.spec
+    out = tiny(CONTEXT, question="Which lamp?", press=p, max_new_tokens=6, temperature=0)
+    assert isinstance(out["answer"], str) and out["kv_stats"]["evicted_fraction"] > 0.4, out["kv_stats"]
+    # With one side None it is the other press (as kvpress); with neither, refused.
+    assert kvzap.PrefillDecodingPress(decoding_press=d).spec == d.spec
+    k = kvzap.KnormPress(compression_ratio=0.25)
+    assert kvzap.PrefillDecodingPress(prefilling_press=k).spec == k.spec
+    with pytest.raises(kvzap.Error, match="give a prefilling_press, a decoding_press or both"):
+        kvzap.PrefillDecodingPress()
+    with pytest.raises(kvzap.Error, match="DecodingPress or CompressionRatioDecodingPress"):
+        kvzap.PrefillDecodingPress(k, kvzap.KnormPress(compression_ratio=0.5))
+    with pytest.raises(kvzap.Error, match="cannot use a threshold"):
+        tiny(CONTEXT, press=kvzap.PrefillDecodingPress(kvzap.SnapKVPress(threshold=-1.0), d), max_new_tokens=1)
+    r = kvzap.PrefillDecodingPress(kvzap.KVzapPress(model_type="linear", threshold=-4),
+                                   kvzap.CompressionRatioDecodingPress(kvzap.KnormPress(), compression_interval=4))
+    assert r.spec["press"] == "prefill_decoding_kvzap-linear+compression_ratio_decoding_knorm", r.spec
+    assert r.spec["threshold"] == -4 and r.spec["compression_interval"] == 4, r.spec
+
+
+def test_key_rerotation_press(tiny):
+    # kvpress KeyRerotationPress(press): the press's kept set, its kept keys re-rotated to contiguous positions.
+    p = kvzap.KeyRerotationPress(kvzap.SnapKVPress(compression_ratio=0.5, window_size=8))
+    assert p.spec["press"] == "key_rerotation_snapkv" and p.spec["ratio"] == 0.5 and p.spec["window_size"] == 8, p.spec
+    out = tiny(CONTEXT, question="Which lamp?", press=p, max_new_tokens=6, temperature=0)
+    plain = tiny(CONTEXT, question="Which lamp?", press=kvzap.SnapKVPress(compression_ratio=0.5, window_size=8),
+                 max_new_tokens=6, temperature=0)
+    assert out["kv_stats"]["evicted_fraction"] == plain["kv_stats"]["evicted_fraction"] > 0.4, out["kv_stats"]
+    with pytest.raises(kvzap.Error, match="needs a compression_ratio"):
+        kvzap.KeyRerotationPress(kvzap.KnormPress(threshold=-3.0))
+    with pytest.raises(kvzap.Error, match="must be a kvzap press"):
+        kvzap.KeyRerotationPress("knorm")
+
+
 def test_kvzap_on_the_default_model(smol):
     for model_type in ("mlp", "linear"):
         out = smol(CONTEXT, question="Which lamp was in room 7?", press=kvzap.KVzapPress(model_type=model_type,
@@ -163,7 +202,7 @@ def test_kvzap_on_the_default_model(smol):
 def test_families_and_kvpress_gaps_are_listed():
     families = {f["kvpress_class"]: f for f in kvzap.press_families()}
     assert set(families) == {"AdaKVPress", "DMSPress", "PerLayerCompressionPress", "ComposedPress", "DecodingPress",
-                             "CompressionRatioDecodingPress"}
+                             "CompressionRatioDecodingPress", "PrefillDecodingPress", "KeyRerotationPress"}
     for cls, f in families.items():
         assert issubclass(getattr(kvzap, cls), kvzap.BasePress), cls  # each family has its Python class
         assert f["example"] not in {p["name"] for p in kvzap.presses()}, f  # a family member, not an entry

@@ -54,7 +54,7 @@ TEST(PressCatalogue, EveryFamilyExampleRunsAndEveryGapIsAbsent) {
     EXPECT_FALSE(f.description.empty() || f.kvpress_parity.empty()) << f.pattern;
   }
   for (const char* cls : {"AdaKVPress", "DMSPress", "PerLayerCompressionPress", "ComposedPress", "DecodingPress",
-                          "CompressionRatioDecodingPress"})
+                          "CompressionRatioDecodingPress", "PrefillDecodingPress"})
     EXPECT_EQ(classes.count(cls), 1u) << cls;
   ASSERT_EQ(c["kvpress_gaps"].size(), kvpress_gaps().size());
   for (const auto& g : c["kvpress_gaps"]) {
