@@ -192,19 +192,6 @@ void RopeTable::unrotate(float* x, int32_t pos, int layer) const {
   }
 }
 
-void RopeTable::rotate(float* x, int32_t pos, int layer) const {
-  const int half = cfg_.head_dim / 2;
-  const Table& t = tables_[(size_t)layer_table_[(size_t)layer]];
-  const float* c = t.cos.data() + (size_t)pos * half;
-  const float* s = t.sin.data() + (size_t)pos * half;
-  for (int i = 0; i < half; i++) {
-    const auto [a, b] = pair(i);
-    const float x0 = x[a], x1 = x[b];
-    x[a] = x0 * c[i] - x1 * s[i];
-    x[b] = x0 * s[i] + x1 * c[i];
-  }
-}
-
 void RopeTable::mean_rotation(int layer, int64_t p0, int64_t n, std::vector<double>& cos_mean,
                               std::vector<double>& sin_mean) {
   const int half = cfg_.head_dim / 2;

@@ -43,8 +43,6 @@ class RopeTable {
   std::pair<int, int> pair(int i) const;
   // In place: undoes layer's rotation of position pos on one head vector [head_dim]. reserve(pos + 1) first.
   void unrotate(float* x, int32_t pos, int layer) const;
-  // In place: applies layer's rotation of position pos (the inverse of unrotate). reserve(pos + 1) first.
-  void rotate(float* x, int32_t pos, int layer) const;
   // Mean over positions [p0, p0 + n) of cos and sin of each of layer's frequencies (reserves what it needs).
   void mean_rotation(int layer, int64_t p0, int64_t n, std::vector<double>& cos_mean, std::vector<double>& sin_mean);
 

@@ -27,7 +27,10 @@ class KeyRerotationPress : public Press {
       : Press(o), inner_(o.inner_->clone()), rope_(o.rope_), head_dim_(o.head_dim_), key_(o.key_) {}
 
   std::string name() const override { return "key_rerotation (" + inner_->name() + ")"; }
-  void begin_context(ContextRunner& runner) override { inner_->begin_context(runner); }
+  void begin_context(ContextRunner& runner) override {
+    inner_->keep_scores(keep_scores_);
+    inner_->begin_context(runner);
+  }
   void after_attention(const LayerStep& step, KvCache& cache) override { inner_->after_attention(step, cache); }
   int h_readout_dim(int layer) const override { return inner_->h_readout_dim(layer); }
   void h_readout(int layer, const float* h, int64_t n, float* out) const override { inner_->h_readout(layer, h, n, out); }
@@ -36,6 +39,7 @@ class KeyRerotationPress : public Press {
 
   void end_context(ContextView& ctx) override {
     inner_->end_context(ctx);
+    if (keep_scores_) copy_score_log(*inner_);  // the scores it judged by (Sequence.press_scores)
     KvCache& cache = ctx.cache;
     for (int l = 0; l < cache.n_layer(); l++) {
       if (!judged_layer(cache, l)) continue;

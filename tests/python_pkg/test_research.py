@@ -138,7 +138,8 @@ def test_kvzap_scores_explain_the_kept_set(smol):
 
 @pytest.mark.parametrize("press", [kvzap.SnapKVPress(compression_ratio=0.5),
                                    kvzap.KVzipPress(compression_ratio=0.5),
-                                   kvzap.AdaKVPress(kvzap.ExpectedAttentionPress(compression_ratio=0.5))],
+                                   kvzap.AdaKVPress(kvzap.ExpectedAttentionPress(compression_ratio=0.5)),
+                                   kvzap.KeyRerotationPress(kvzap.KnormPress(compression_ratio=0.5))],
                          ids=lambda p: type(p).__name__)
 def test_press_scores_of_a_ratio_press_explain_the_kept_set(smol, press):
     # Any press's scores, by position (a read-only view of the engine's log): within every stream no
