@@ -22,9 +22,9 @@ namespace {
 class KeyRerotationPress : public Press {
  public:
   KeyRerotationPress(std::unique_ptr<Press> inner, const ModelConfig& cfg)
-      : inner_(std::move(inner)), rope_(cfg), head_dim_(cfg.head_dim), key_(cfg.head_dim) {}
+      : inner_(std::move(inner)), rope_(cfg), key_(cfg.head_dim) {}
   KeyRerotationPress(const KeyRerotationPress& o)
-      : Press(o), inner_(o.inner_->clone()), rope_(o.rope_), head_dim_(o.head_dim_), key_(o.key_) {}
+      : Press(o), inner_(o.inner_->clone()), rope_(o.rope_), key_(o.key_) {}
 
   std::string name() const override { return "key_rerotation (" + inner_->name() + ")"; }
   void begin_context(ContextRunner& runner) override {
@@ -60,7 +60,6 @@ class KeyRerotationPress : public Press {
  private:
   std::unique_ptr<Press> inner_;
   RopeTable rope_;
-  int head_dim_;
   std::vector<float> key_;  // [head_dim] one key being re-rotated
 };
 

@@ -19,6 +19,7 @@
 #include "press/policy.h"
 #include "press/press.h"
 #include "press/press_spec.h"
+#include "press/best_by_log.h"
 #include "test_support.h"
 #include "press/scramble_scorer.h"
 
@@ -256,21 +257,7 @@ class DecodingPressModel : public test::DefaultModelTest {
   }
 };
 
-// Per stream (layer-major): the `target` best positions among `before` by the logged scores, ties evicting
-// the earlier position first (the ratio policy's order).
-test::KeptSet best_by_log(const test::KeptSet& before, const ScoreLog& log, int64_t target) {
-  test::KeptSet out;
-  for (size_t i = 0; i < before.size(); i++) {
-    const float* row = log.data() + i * (size_t)log.capacity();
-    std::vector<int32_t> order = before[i];
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return row[a] < row[b]; });
-    const int64_t n_drop = std::max<int64_t>(0, (int64_t)order.size() - target);
-    std::vector<int32_t> keep(order.begin() + n_drop, order.end());
-    std::sort(keep.begin(), keep.end());
-    out.push_back(keep);
-  }
-  return out;
-}
+using test::best_by_log;
 
 TEST_F(DecodingPressModel, KnormCutsEveryHeadToTheTargetWhileDecodingAndFreesPages) {
   constexpr int64_t kT = 200, kInterval = 8, kTarget = 100;
